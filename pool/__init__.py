@@ -1,0 +1,104 @@
+"""spacepool: warm gradio_client connections to Gradio Spaces, behind one admission.
+
+    from pool import get_client, get_pool
+
+    async with get_client("alice@example.com") as client:
+        text = await client.predict("hello", 0, api_name="/predict")
+        client.space                      # the Space that served it
+
+    stats = await get_pool().stats()      # the pool-stats dict
+    await get_pool().aclose()             # close every connection
+
+``get_pool()`` is the process-wide pool built lazily from ``POOL_*`` settings; nothing
+connects at import or construction time.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import AsyncIterator
+
+from ._events import Hook, PoolEvent
+from ._exceptions import (
+    BusyError,
+    DeadlineExceeded,
+    InvalidRequest,
+    MisuseError,
+    NoHealthySpaceError,
+    PoolClosedError,
+    PoolError,
+    RefusedByPolicy,
+    UnknownEndpoint,
+    UpstreamAppError,
+    UpstreamError,
+    UpstreamTransportError,
+)
+from ._handle import PooledClient, PooledJob
+from ._pool import Pool
+from ._settings import PoolSettings
+from ._spaces import SpaceSpec, parse_space, parse_spaces
+from .admission import WaitTicket
+
+_pool: Pool | None = None
+_pool_lock = threading.Lock()
+
+
+def get_pool() -> Pool:
+    """The process-wide pool, built on first use from ``POOL_*`` settings."""
+    global _pool
+    with _pool_lock:
+        if _pool is None or _pool._closed:
+            _pool = Pool()
+        return _pool
+
+
+def set_pool(pool: Pool | None) -> None:
+    """Install ``pool`` as the process-wide pool (tests, embedding apps)."""
+    global _pool
+    with _pool_lock:
+        _pool = pool
+
+
+@contextlib.asynccontextmanager
+async def get_client(
+    email: str | None = None,
+    *,
+    space: str | None = None,
+    queue_timeout_s: float | None = None,
+    ticket: WaitTicket | None = None,
+) -> AsyncIterator[PooledClient]:
+    """Lease a connection for ``email`` (None: anonymous), optionally on ``space``."""
+    async with get_pool().client(
+        email, space=space, queue_timeout_s=queue_timeout_s, ticket=ticket
+    ) as client:
+        yield client
+
+
+__all__ = [
+    "BusyError",
+    "DeadlineExceeded",
+    "Hook",
+    "InvalidRequest",
+    "MisuseError",
+    "NoHealthySpaceError",
+    "Pool",
+    "PoolClosedError",
+    "PoolError",
+    "PoolEvent",
+    "PoolSettings",
+    "PooledClient",
+    "PooledJob",
+    "RefusedByPolicy",
+    "SpaceSpec",
+    "UnknownEndpoint",
+    "UpstreamAppError",
+    "UpstreamError",
+    "UpstreamTransportError",
+    "WaitTicket",
+    "get_client",
+    "get_pool",
+    "parse_space",
+    "parse_spaces",
+    "set_pool",
+]

@@ -1,0 +1,115 @@
+"""One pooled connection: a ``gradio_client.Client`` plus the pool's bookkeeping.
+
+A connection is exclusive to one request while leased. Opening and closing are
+blocking (gradio_client is synchronous) and always run in worker threads.
+"""
+
+from __future__ import annotations
+
+import enum
+import itertools
+import os
+import time
+from collections.abc import Callable
+from typing import Any
+
+import httpx
+
+_ids = itertools.count(1)
+
+ClientFactory = Callable[[str], Any]
+"""Opens a ``gradio_client.Client`` (or a compatible object) for a source URL or id."""
+
+
+class ConnState(enum.Enum):
+    IDLE = "idle"  # ready, waiting in the Space's idle list
+    LEASED = "leased"  # exclusive to one request
+    CLOSED = "closed"  # closed or being closed; never handed out again
+
+
+class Connection:
+    """A Client with its Space, generation, probe failures and timestamps."""
+
+    __slots__ = (
+        "app_id",
+        "client",
+        "created_at",
+        "failures",
+        "generation",
+        "id",
+        "last_used",
+        "state",
+        "used_by",
+    )
+
+    def __init__(self, client: Any, generation: int) -> None:
+        self.id = next(_ids)
+        self.client = client
+        config = getattr(client, "config", None) or {}
+        self.app_id: object = config.get("app_id")
+        self.generation = generation
+        self.created_at = self.last_used = time.monotonic()
+        self.failures = 0
+        self.state = ConnState.IDLE
+        self.used_by: str | None = None
+
+    def is_idle_longer_than(self, seconds: float, now: float) -> bool:
+        return self.state is ConnState.IDLE and now - self.last_used >= seconds
+
+    def is_healthy(self, max_failures: int) -> bool:
+        return self.failures < max_failures
+
+    def api_names(self) -> list[str]:
+        """The Space's public ``api_name`` values, with the leading slash."""
+        names = []
+        for dep in (getattr(self.client, "config", None) or {}).get("dependencies", []):
+            name = dep.get("api_name")
+            if name and dep.get("api_visibility") != "private":
+                names.append("/" + name)
+        return names
+
+    def probe_url(self) -> str:
+        """The cheap ``app_id`` endpoint of this connection's Space."""
+        prefixed = str(getattr(self.client, "src_prefixed", "") or self.client.src)
+        return prefixed.rstrip("/") + "/app_id"
+
+
+def quiet_gradio_env() -> None:
+    """No telemetry, no implicit token (GRADIO_FACTS.md)."""
+    os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
+    os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
+    os.environ.setdefault("HF_HUB_DISABLE_IMPLICIT_TOKEN", "1")
+
+
+def gradio_factory(
+    *, token: str | None, connect_timeout_s: float, read_timeout_s: float, max_workers: int
+) -> ClientFactory:
+    """The default factory: a quiet Client with bounded threads and timeouts."""
+
+    def open_client(src: str) -> Any:
+        from gradio_client import Client
+
+        return Client(
+            src,
+            token=token,
+            max_workers=max_workers,
+            verbose=False,
+            download_files=False,
+            analytics_enabled=False,
+            httpx_kwargs={"timeout": httpx.Timeout(connect_timeout_s, read=read_timeout_s)},
+        )
+
+    return open_client
+
+
+def close_client(client: Any) -> None:
+    """Really free a Client: stop the heartbeat and shut its executors down."""
+    try:
+        close = getattr(client, "close", None)
+        if close is not None:
+            close()
+    finally:
+        for name in ("executor", "helper_executor", "stream_executor"):
+            executor = getattr(client, name, None)
+            if executor is not None:
+                executor.shutdown(wait=False, cancel_futures=True)

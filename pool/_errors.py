@@ -1,0 +1,83 @@
+"""Map errors of gradio_client, httpx and huggingface_hub into our tree.
+
+This is the only module that knows their exception types. ``classify`` returns the
+error to raise and whether the connection that saw it must be discarded.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+from dataclasses import dataclass
+
+import httpx
+from gradio_client.exceptions import AppError, AuthenticationError, ValidationError
+from gradio_client.utils import QueueError, TooManyRequestsError
+
+from ._exceptions import (
+    InvalidRequest,
+    PoolError,
+    UpstreamAppError,
+    UpstreamError,
+    UpstreamTransportError,
+)
+
+# Kinds of provider failure: the Space (not the caller) is in trouble.
+PROVIDER_KINDS = frozenset(
+    {"connect", "timeout", "transport", "dropped", "queue_full", "rate_limited", "http_5xx"}
+)
+
+
+@dataclass(frozen=True)
+class Classified:
+    error: PoolError
+    discard_connection: bool
+
+    @property
+    def provider_failure(self) -> bool:
+        return self.error.kind in PROVIDER_KINDS
+
+
+def _transport(kind: str, message: str, discard: bool = True) -> Classified:
+    return Classified(UpstreamTransportError(message, kind=kind), discard)
+
+
+def classify(exc: BaseException) -> Classified:
+    """Our error for ``exc`` raised by gradio_client while serving a request."""
+    if isinstance(exc, PoolError):
+        return Classified(exc, False)
+    if isinstance(exc, AppError):
+        # The app raised: its own message is meant for the caller (gr.Error).
+        return Classified(UpstreamAppError(str(exc) or "the Space's app raised"), False)
+    if isinstance(exc, ValidationError):
+        return Classified(InvalidRequest(f"the Space rejected the input: {exc}"), False)
+    if isinstance(exc, QueueError):
+        return _transport("queue_full", "the Space's queue is full", discard=False)
+    if isinstance(exc, TooManyRequestsError):
+        return _transport("rate_limited", "the Space is rate limiting (429)", discard=False)
+    if isinstance(exc, AuthenticationError):
+        return Classified(UpstreamError("the Space refused our credentials (401)"), True)
+    if isinstance(exc, httpx.ConnectError):
+        return _transport("connect", "could not connect to the Space")
+    if isinstance(exc, httpx.TimeoutException):
+        return _transport("timeout", "the Space did not answer in time")
+    if isinstance(exc, httpx.HTTPStatusError):
+        status = exc.response.status_code
+        if status >= 500:
+            return _transport("http_5xx", f"the Space answered HTTP {status}")
+        return Classified(UpstreamError(f"the Space answered HTTP {status}"), False)
+    if isinstance(exc, httpx.TransportError):
+        return _transport("transport", "the connection to the Space failed")
+    if isinstance(exc, concurrent.futures.CancelledError):
+        return _transport("dropped", "the Space dropped the job (restarted or killed)")
+    if isinstance(exc, (ConnectionError, OSError)):
+        return _transport("transport", "the connection to the Space failed")
+    return Classified(UpstreamError(f"unexpected upstream failure ({type(exc).__name__})"), True)
+
+
+def classify_connect(exc: BaseException) -> Classified:
+    """Our error for a failure while opening a connection (``Client(...)``)."""
+    if isinstance(exc, ValueError) and "invalid state" in str(exc):
+        return _transport("invalid_state", "the Space is in an invalid state")
+    if type(exc).__name__ in {"RepositoryNotFoundError", "HfHubHTTPError"}:
+        return _transport("not_found", "the Space was not found or is private")
+    return classify(exc)

@@ -1,0 +1,128 @@
+"""The one exception tree of spacepool.
+
+Every error the library raises on purpose is a :class:`PoolError`; errors of
+gradio_client, httpx and huggingface_hub are mapped to it at the boundary
+(``raise X from exc``), so callers never need to import those libraries::
+
+    PoolError
+    ├── BusyError                 no admission within the queue deadline (or the
+    │                             coordinator is unreachable): carries queue_position
+    │                             and retry_after_s; the caller should come back later
+    ├── NoHealthySpaceError       every candidate Space failed or is unhealthy
+    ├── DeadlineExceeded          the per-request deadline passed; the upstream job
+    │                             was cancelled and the slot freed
+    ├── RefusedByPolicy           refused before sending (e.g. a secret in the payload);
+    │                             carries a reason code; never counts against a Space
+    ├── InvalidRequest            the caller's own mistake, detected by the Space or by us:
+    │   │                         unknown api_name, inputs the Space's validator refused
+    │   └── UnknownEndpoint       api_name the Space does not have (lists the ones it has)
+    ├── UpstreamError             the Space failed to serve a valid request
+    │   ├── UpstreamAppError      the app itself raised (gr.Error, exception in the fn)
+    │   └── UpstreamTransportError  connection refused/dropped, timeout, 5xx, queue full
+    │                             (``kind`` tells which; these count as provider failures)
+    └── MisuseError               programming errors: handle used after release, lease
+        │                         released twice or by a non-owner, pool closed
+        └── PoolClosedError
+
+``kind`` attributes are short, bounded strings suitable for metric labels.
+"""
+
+from __future__ import annotations
+
+
+class PoolError(Exception):
+    """Base of every error spacepool raises on purpose."""
+
+    kind: str = "error"
+
+
+class BusyError(PoolError):
+    """No admission within the queue deadline; try again after ``retry_after_s``."""
+
+    kind = "busy"
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        queue_position: int,
+        retry_after_s: float,
+        reason: str = "queue_timeout",
+    ) -> None:
+        super().__init__(message)
+        self.queue_position = queue_position
+        self.retry_after_s = retry_after_s
+        self.reason = reason
+
+
+class NoHealthySpaceError(PoolError):
+    """Every candidate Space failed or is marked unhealthy."""
+
+    kind = "no_healthy_space"
+
+
+class DeadlineExceeded(PoolError):
+    """The request's deadline passed; the upstream job was cancelled."""
+
+    kind = "deadline"
+
+
+class RefusedByPolicy(PoolError):
+    """Refused before anything was sent; ``reason`` is a short code."""
+
+    kind = "policy"
+
+    def __init__(self, message: str, *, reason: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+class InvalidRequest(PoolError):
+    """The caller's request cannot be served as sent (not the Space's fault)."""
+
+    kind = "invalid_request"
+
+
+class UnknownEndpoint(InvalidRequest):
+    """The Space has no such ``api_name``."""
+
+    kind = "unknown_endpoint"
+
+    def __init__(self, api_name: str, available: list[str]) -> None:
+        super().__init__(
+            f"unknown api_name {api_name!r}; this Space has: {', '.join(available) or '(none)'}"
+        )
+        self.api_name = api_name
+        self.available = available
+
+
+class UpstreamError(PoolError):
+    """The Space failed to serve a valid request."""
+
+    kind = "upstream"
+
+
+class UpstreamAppError(UpstreamError):
+    """The Gradio app raised while handling the request."""
+
+    kind = "app_error"
+
+
+class UpstreamTransportError(UpstreamError):
+    """Transport-level or provider-pressure failure; ``kind`` says which."""
+
+    def __init__(self, message: str, *, kind: str = "transport") -> None:
+        super().__init__(message)
+        self.kind = kind
+
+
+class MisuseError(PoolError):
+    """A programming error: use after release, double release, wrong owner."""
+
+    kind = "misuse"
+
+
+class PoolClosedError(MisuseError):
+    """The pool was closed."""
+
+    kind = "closed"

@@ -1,0 +1,150 @@
+"""The leased handle a caller gets from ``get_client``: awaitable predict/submit.
+
+gradio_client is synchronous; its jobs already run in the Client's own threads, so a
+job's ``concurrent.futures.Future`` is awaited with ``asyncio.wrap_future`` and the
+event loop is never blocked. The handle is detached when the lease ends (asyncpg):
+using it afterwards raises :class:`~pool.MisuseError`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Callable
+from typing import Any
+
+import anyio
+
+from ._connection import Connection
+from ._errors import Classified, classify
+from ._exceptions import DeadlineExceeded, InvalidRequest, MisuseError, UnknownEndpoint
+
+FailureHook = Callable[[Classified], None]
+
+
+class PooledJob:
+    """One submitted job; ``await job`` or ``await job.result(timeout=...)``."""
+
+    def __init__(self, job: Any, handle: PooledClient) -> None:
+        self._job = job
+        self._handle = handle
+        self._future: asyncio.Future[Any] = asyncio.wrap_future(job.future)
+        self._cancelled = False
+
+    @property
+    def done(self) -> bool:
+        return self._future.done()
+
+    def status(self) -> Any:
+        """gradio_client's status update (rank in the Space's queue, ETA, …)."""
+        return self._job.status()
+
+    async def result(self, timeout: float | None = None) -> Any:
+        """The job's output; on ``timeout`` the upstream job is cancelled."""
+        started = time.monotonic()
+        try:
+            async with asyncio.timeout(timeout):
+                return await asyncio.shield(self._future)
+        except TimeoutError:
+            self._handle._dirty = True
+            await self.cancel()
+            raise DeadlineExceeded(
+                f"deadline of {timeout:.1f}s passed after {time.monotonic() - started:.1f}s; "
+                "the upstream job was cancelled"
+            ) from None
+        except asyncio.CancelledError:
+            self._handle._dirty = True
+            self._cancel_in_background()
+            raise
+        except Exception as exc:
+            if self._cancelled:
+                raise DeadlineExceeded("the job was cancelled") from None
+            classified = classify(exc)
+            self._handle._failed(classified)
+            raise classified.error from exc
+
+    async def cancel(self) -> None:
+        """Cancel the job upstream (posts the Space's ``/cancel``)."""
+        if self._cancelled or self._future.done():
+            return
+        self._cancelled = True
+        self._handle._dirty = True
+        with contextlib.suppress(Exception):
+            await anyio.to_thread.run_sync(self._job.cancel)
+
+    def _cancel_in_background(self) -> None:
+        if not self._cancelled and not self._future.done():
+            self._cancelled = True
+            loop = asyncio.get_running_loop()
+            loop.run_in_executor(None, _quiet_cancel, self._job)
+
+    def __await__(self) -> Any:
+        return self.result().__await__()
+
+
+def _quiet_cancel(job: Any) -> None:
+    with contextlib.suppress(Exception):
+        job.cancel()
+
+
+class PooledClient:
+    """Exclusive use of one pooled connection to :attr:`space` for one request."""
+
+    def __init__(self, conn: Connection, space: str, on_failure: FailureHook) -> None:
+        self._conn: Connection | None = conn
+        self.space = space
+        self._on_failure = on_failure
+        self._jobs: list[PooledJob] = []
+        self._dirty = False
+        self.broken = False
+
+    @property
+    def raw(self) -> Any:
+        """The underlying ``gradio_client.Client`` (escape hatch; do not keep it)."""
+        return self._live().client
+
+    @property
+    def api_names(self) -> list[str]:
+        return self._live().api_names()
+
+    def _live(self) -> Connection:
+        if self._conn is None:
+            raise MisuseError("this client handle was used after its lease ended")
+        return self._conn
+
+    async def submit(self, *args: Any, api_name: str | None = None, **kwargs: Any) -> PooledJob:
+        """Start a job on the Space and return it without waiting for the result."""
+        conn = self._live()
+        if api_name is not None:
+            names = conn.api_names()
+            if api_name not in names:
+                raise UnknownEndpoint(api_name, names)
+        try:
+            job = conn.client.submit(*args, api_name=api_name, **kwargs)
+        except (ValueError, TypeError) as exc:
+            raise InvalidRequest(f"cannot call {api_name or 'the endpoint'}: {exc}") from exc
+        pooled = PooledJob(job, self)
+        self._jobs.append(pooled)
+        return pooled
+
+    async def predict(
+        self, *args: Any, api_name: str | None = None, timeout: float | None = None, **kwargs: Any
+    ) -> Any:
+        """Run one job and return its result; ``timeout`` cancels it upstream."""
+        job = await self.submit(*args, api_name=api_name, **kwargs)
+        return await job.result(timeout=timeout)
+
+    def _failed(self, classified: Classified) -> None:
+        if classified.discard_connection:
+            self.broken = True
+        self._on_failure(classified)
+
+    def _detach(self) -> bool:
+        """End the lease: cancel what still runs; True if the connection must go."""
+        for job in self._jobs:
+            if not job.done:
+                self._dirty = True
+                job._cancel_in_background()
+        self._conn = None
+        return self.broken or self._dirty

@@ -1,0 +1,51 @@
+"""Settings read from ``POOL_*`` environment variables (SPEC section 6)."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+
+from pydantic import Field, SecretStr, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+def _default_coordinator_url() -> str:
+    path = os.path.join(tempfile.gettempdir(), "spacepool", "coordinator.db")
+    return f"sqlite:///{path}"
+
+
+class PoolSettings(BaseSettings):
+    """Every knob of the pool, with the defaults of the design card."""
+
+    model_config = SettingsConfigDict(env_prefix="POOL_", extra="ignore")
+
+    spaces: str = Field(default="", description="comma-separated Space ids, URLs or alias=URL")
+    min_connections: int = Field(default=5, ge=0, le=1000)
+    max_connections: int = Field(default=50, ge=1, le=1000)
+    idle_timeout_s: float = Field(default=600.0, gt=0)
+    queue_timeout_s: float = Field(default=30.0, ge=0)
+    health_interval_s: float = Field(default=300.0, gt=0)
+    health_sample: int = Field(default=5, ge=0)
+    health_failures: int = Field(default=3, ge=1, description="failed probes before discard")
+    assignment_ttl_s: float = Field(default=3600.0, gt=0)
+    global_max_concurrent: int = Field(default=16, ge=1)
+    consumer_max_concurrent: int = Field(default=2, ge=1)
+    coordinator_url: str = Field(default_factory=_default_coordinator_url)
+    lease_ttl_s: float = Field(default=15.0, gt=0, description="admission lease, renewed")
+    connect_timeout_s: float = Field(default=10.0, gt=0)
+    connect_attempts: int = Field(default=3, ge=1)
+    read_timeout_s: float = Field(default=60.0, gt=0)
+    client_max_workers: int = Field(default=2, ge=1, le=40)
+    user_hash_key: SecretStr | None = None
+    admin_token: SecretStr | None = None
+    api_token: SecretStr | None = None
+    hf_token: SecretStr | None = Field(default=None, validation_alias="HF_TOKEN")
+
+    @model_validator(mode="after")
+    def _min_not_above_max(self) -> PoolSettings:
+        if self.min_connections > self.max_connections:
+            raise ValueError("POOL_MIN_CONNECTIONS must not exceed POOL_MAX_CONNECTIONS")
+        return self
+
+    def space_entries(self) -> list[str]:
+        return [entry.strip() for entry in self.spaces.split(",") if entry.strip()]

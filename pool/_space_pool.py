@@ -1,0 +1,367 @@
+"""The connections of one Space inside this process.
+
+State is three collections — ``_idle`` (LIFO: the most recently used connection is
+handed out first, so extras above the minimum grow idle and get reaped), ``_leased``
+and ``_waiters`` (FIFO futures) — plus a count of connections being opened. Every
+state change is a plain method without ``await``; opening and closing connections
+run as background tasks that call back into those methods.
+
+Admission (the coordinator) already bounds how many requests of this process reach
+a Space at once, so waiting here is short: a request waits only for a connection
+that is being opened or returned.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+import anyio
+import httpx
+
+from ._connection import ClientFactory, Connection, ConnState, close_client
+from ._errors import classify_connect
+from ._exceptions import PoolClosedError, PoolError
+from ._spaces import SpaceSpec
+
+# Failure kinds worth retrying when opening a connection (SPEC 4.4).
+_RETRY_KINDS = frozenset({"connect", "timeout", "transport", "http_5xx", "rate_limited"})
+_SETTLE_S = 2.0
+
+
+class SpacePool:
+    """Connections to one Space: lazy start, growth to ``max_size``, hand-off, reaping."""
+
+    def __init__(
+        self,
+        spec: SpaceSpec,
+        *,
+        min_size: int,
+        max_size: int,
+        factory: ClientFactory,
+        limiter: anyio.CapacityLimiter,
+        connect_attempts: int = 3,
+        backoff_s: float = 0.5,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.spec = spec
+        self.min_size = min_size
+        self.max_size = max_size
+        self._factory = factory
+        self._limiter = limiter
+        self._attempts = connect_attempts
+        self._backoff_s = backoff_s
+        self._clock = clock
+        self._idle: list[Connection] = []
+        self._leased: set[Connection] = set()
+        self._settling = 0
+        self._opening = 0
+        self._waiters: deque[asyncio.Future[Connection | None]] = deque()
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._closed = False
+        self.generation = 0
+        self.app_id: object = None
+        self.probe_url: str | None = (
+            spec.src + "gradio_api/app_id" if spec.src.startswith("http") else None
+        )
+        self.down_until = 0.0
+        self.last_error: str | None = None
+        self.opened_total = 0
+
+    # -- predicates -------------------------------------------------------------------
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    @property
+    def total(self) -> int:
+        return len(self._idle) + len(self._leased) + self._settling
+
+    def is_up(self) -> bool:
+        return self._clock() >= self.down_until
+
+    def load(self) -> float:
+        """In-use share of capacity, counting local waiters: the least-loaded metric."""
+        return (len(self._leased) + len(self._waiters)) / self.max_size
+
+    # -- checkout / checkin -------------------------------------------------------------
+    async def checkout(self) -> Connection:
+        """An exclusive connection: an idle one, else one opened or returned for us."""
+        while True:
+            self._ensure_open()
+            conn = self._take_idle()
+            if conn is not None:
+                return conn
+            fut: asyncio.Future[Connection | None] = asyncio.get_running_loop().create_future()
+            self._waiters.append(fut)
+            self._grow()
+            try:
+                got = await fut
+            except BaseException:
+                if fut.done() and not fut.cancelled() and fut.exception() is None:
+                    handed = fut.result()
+                    if handed is not None:
+                        self.checkin(handed, discard=False)
+                else:
+                    with contextlib.suppress(ValueError):
+                        self._waiters.remove(fut)
+                    fut.cancel()
+                raise
+            if got is not None:
+                return got
+            # None: an open failed while others may still succeed; look again.
+
+    def checkin(self, conn: Connection, *, discard: bool) -> None:
+        """Give ``conn`` back; a discarded or stale one is closed and replaced."""
+        self._leased.discard(conn)
+        conn.last_used = self._clock()
+        if discard or self._closed or conn.generation != self.generation:
+            self._close_later(conn)
+            self._top_up()
+            self._grow()
+            return
+        if getattr(conn.client, "stream_open", False):
+            # The result stream of the last session is still closing; a new session's
+            # jobs would get no reader until it does (GRADIO_FACTS.md). Settle first.
+            self._settling += 1
+            conn.state = ConnState.CLOSED  # not handed out while settling
+            self._spawn(self._settle(conn))
+            return
+        self._reset_and_deliver(conn)
+
+    def _reset_and_deliver(self, conn: Connection) -> None:
+        # Isolation: a fresh session per lease, so no gr.State crosses users.
+        reset = getattr(conn.client, "reset_session", None)
+        if reset is not None:
+            reset()
+        conn.state = ConnState.IDLE
+        self._deliver(conn)
+
+    async def _settle(self, conn: Connection) -> None:
+        deadline = self._clock() + _SETTLE_S
+        try:
+            while getattr(conn.client, "stream_open", False) and self._clock() < deadline:
+                await asyncio.sleep(0.02)
+        finally:
+            self._settling -= 1
+        if getattr(conn.client, "stream_open", False) or self._closed:
+            self._close_later(conn)
+            self._top_up()
+            self._grow()
+        else:
+            self._reset_and_deliver(conn)
+
+    def _take_idle(self) -> Connection | None:
+        while self._idle:
+            conn = self._idle.pop()
+            if conn.generation != self.generation:
+                self._close_later(conn)
+                continue
+            conn.state = ConnState.LEASED
+            self._leased.add(conn)
+            return conn
+        return None
+
+    def _deliver(self, conn: Connection) -> None:
+        """Hand ``conn`` to the oldest live waiter, else park it as idle."""
+        while self._waiters:
+            fut = self._waiters.popleft()
+            if not fut.done():
+                conn.state = ConnState.LEASED
+                self._leased.add(conn)
+                fut.set_result(conn)
+                return
+        conn.state = ConnState.IDLE
+        self._idle.append(conn)
+
+    # -- opening -------------------------------------------------------------------------
+    def _ensure_open(self) -> None:
+        if self._closed:
+            raise PoolClosedError("pool closed")
+
+    def _grow(self) -> None:
+        """Open connections for waiters that no returning connection will serve."""
+        live = sum(1 for f in self._waiters if not f.done())
+        while live > self._opening and self.total + self._opening < self.max_size:
+            self._start_open()
+
+    def _top_up(self) -> None:
+        """Keep at least ``min_size`` once the Space has been used."""
+        if self.opened_total == 0 or not self.is_up():
+            return
+        while self.total + self._opening < self.min_size:
+            self._start_open()
+
+    def _start_open(self) -> None:
+        self._opening += 1
+        self._spawn(self._open())
+
+    async def _open(self) -> None:
+        try:
+            client = await self._connect()
+        except PoolError as exc:
+            self._opening -= 1
+            self._open_failed(exc)
+            return
+        except BaseException:
+            self._opening -= 1
+            raise
+        self._opening -= 1
+        if self._closed:
+            await self._close(Connection(client, self.generation))
+            return
+        conn = Connection(client, self.generation)
+        first = self.opened_total == 0
+        self.opened_total += 1
+        self.down_until = 0.0
+        self.last_error = None
+        if self.app_id is None or first:
+            self.app_id = conn.app_id
+        elif conn.app_id != self.app_id:
+            # The Space restarted since our other connections were made.
+            self.app_id = conn.app_id
+            self.generation += 1
+            conn.generation = self.generation
+            self._drop_stale_idle()
+        self.probe_url = conn.probe_url()
+        self._deliver(conn)
+        self._top_up()
+
+    def _open_failed(self, exc: PoolError) -> None:
+        self.last_error = exc.kind
+        if self.total + self._opening > 0:
+            # Others may still serve the waiters; let them look again.
+            for fut in list(self._waiters):
+                if not fut.done():
+                    fut.set_result(None)
+                    break
+            self._waiters = deque(f for f in self._waiters if not f.done())
+            return
+        waiters, self._waiters = self._waiters, deque()
+        for fut in waiters:
+            if not fut.done():
+                fut.set_exception(exc)
+
+    async def _connect(self) -> Any:
+        for attempt in range(self._attempts):
+            try:
+                return await anyio.to_thread.run_sync(
+                    self._open_blocking, limiter=self._limiter, abandon_on_cancel=True
+                )
+            except PoolClosedError:
+                raise
+            except Exception as exc:
+                classified = classify_connect(exc)
+                if classified.error.kind not in _RETRY_KINDS or attempt + 1 >= self._attempts:
+                    raise classified.error from exc
+            await asyncio.sleep(self._backoff_s * (2**attempt))
+        raise AssertionError("unreachable")
+
+    def _open_blocking(self) -> Any:
+        client = self._factory(self.spec.src)
+        if self._closed:
+            close_client(client)
+            raise PoolClosedError("pool closed while opening")
+        return client
+
+    # -- health, restart, reaping -------------------------------------------------------------
+    def mark_down(self, kind: str, cooldown_s: float) -> None:
+        """The Space failed: route around it for ``cooldown_s``, drop idle connections."""
+        self.last_error = kind
+        self.down_until = self._clock() + cooldown_s
+        self.generation += 1
+        self._drop_stale_idle()
+
+    def restarted(self, app_id: object) -> None:
+        """The Space's ``app_id`` changed: rebuild every connection."""
+        self.app_id = app_id
+        self.generation += 1
+        self._drop_stale_idle()
+        self._top_up()
+
+    def _drop_stale_idle(self) -> None:
+        stale = [c for c in self._idle if c.generation != self.generation]
+        self._idle = [c for c in self._idle if c.generation == self.generation]
+        for conn in stale:
+            self._close_later(conn)
+
+    def idle_sample(self, count: int) -> list[Connection]:
+        """Up to ``count`` idle connections, least recently used first."""
+        return self._idle[:count]
+
+    def discard_idle(self, conn: Connection) -> bool:
+        """Close an idle connection (failed probes); False if it is leased now."""
+        if conn in self._idle:
+            self._idle.remove(conn)
+            self._close_later(conn)
+            self._top_up()
+            return True
+        return False
+
+    def reap_idle(self, idle_timeout_s: float) -> int:
+        """Close connections idle longer than ``idle_timeout_s``, down to the minimum."""
+        now = self._clock()
+        reaped = 0
+        for conn in list(self._idle):  # oldest first
+            if self.total <= self.min_size:
+                break
+            if conn.is_idle_longer_than(idle_timeout_s, now):
+                self._idle.remove(conn)
+                self._close_later(conn)
+                reaped += 1
+        return reaped
+
+    async def probe(self, http: httpx.AsyncClient, url: str) -> object:
+        """``GET …/gradio_api/app_id``: the Space's current app id (raises on failure)."""
+        response = await http.get(url)
+        response.raise_for_status()
+        return response.json().get("app_id")
+
+    # -- closing ---------------------------------------------------------------------------
+    def _close_later(self, conn: Connection) -> None:
+        conn.state = ConnState.CLOSED
+        self._spawn(self._close(conn))
+
+    async def _close(self, conn: Connection) -> None:
+        conn.state = ConnState.CLOSED
+        await anyio.to_thread.run_sync(close_client, conn.client, limiter=self._limiter)
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def aclose(self) -> None:
+        """Close every connection; waiters get :class:`PoolClosedError`."""
+        self._closed = True
+        for fut in self._waiters:
+            if not fut.done():
+                fut.set_exception(PoolClosedError("pool closed"))
+        self._waiters.clear()
+        conns = self._idle + list(self._leased)
+        self._idle, self._leased = [], set()
+        for conn in conns:
+            self._close_later(conn)
+        while self._tasks:
+            await asyncio.gather(*list(self._tasks), return_exceptions=True)
+
+    # -- statistics ------------------------------------------------------------------------------
+    def snapshot(self, max_failures: int) -> dict[str, Any]:
+        conns = self._idle + list(self._leased)
+        unhealthy = sum(1 for c in conns if not c.is_healthy(max_failures) or c.failures)
+        return {
+            "totalConnections": self.total,
+            "availableConnections": len(self._idle),
+            "inUseConnections": len(self._leased),
+            "openingConnections": self._opening,
+            "healthyConnections": len(conns) - unhealthy,
+            "unhealthyConnections": unhealthy,
+            "localWaiters": sum(1 for f in self._waiters if not f.done()),
+            "up": self.is_up(),
+            "lastError": self.last_error,
+            "generation": self.generation,
+        }

@@ -1,0 +1,37 @@
+"""Admission: all-or-nothing FIFO leases over shared resources, behind one protocol."""
+
+from __future__ import annotations
+
+from ._memory import MemoryCoordinator
+from ._protocol import AdmissionSnapshot, Coordinator, Lease, WaitTicket
+from ._rule import CONSUMER_PREFIX, GLOBAL_RESOURCE, SPACE_PREFIX, plan_grants
+
+
+def open_coordinator(url: str, *, lease_ttl_s: float = 15.0) -> Coordinator:
+    """The store named by ``url``: ``memory://``, ``sqlite:///path`` or ``redis://…``."""
+    scheme = url.split(":", 1)[0].lower()
+    if scheme == "memory":
+        return MemoryCoordinator()
+    if scheme == "sqlite":
+        from ._sqlite import SQLiteCoordinator
+
+        return SQLiteCoordinator(url, lease_ttl_s=lease_ttl_s)
+    if scheme in {"redis", "rediss"}:
+        from ._redis import RedisCoordinator
+
+        return RedisCoordinator(url, lease_ttl_s=lease_ttl_s)
+    raise ValueError(f"unsupported POOL_COORDINATOR_URL scheme {scheme!r}")
+
+
+__all__ = [
+    "CONSUMER_PREFIX",
+    "GLOBAL_RESOURCE",
+    "SPACE_PREFIX",
+    "AdmissionSnapshot",
+    "Coordinator",
+    "Lease",
+    "MemoryCoordinator",
+    "WaitTicket",
+    "open_coordinator",
+    "plan_grants",
+]
