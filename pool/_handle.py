@@ -12,9 +12,8 @@ import asyncio
 import contextlib
 import time
 from collections.abc import Callable
+from concurrent.futures import Executor
 from typing import Any
-
-import anyio
 
 from ._connection import Connection
 from ._errors import Classified, classify
@@ -70,14 +69,15 @@ class PooledJob:
             return
         self._cancelled = True
         self._handle._dirty = True
+        loop = asyncio.get_running_loop()
         with contextlib.suppress(Exception):
-            await anyio.to_thread.run_sync(self._job.cancel)
+            await loop.run_in_executor(self._handle._executor, self._job.cancel)
 
     def _cancel_in_background(self) -> None:
         if not self._cancelled and not self._future.done():
             self._cancelled = True
             loop = asyncio.get_running_loop()
-            loop.run_in_executor(None, _quiet_cancel, self._job)
+            loop.run_in_executor(self._handle._executor, _quiet_cancel, self._job)
 
     def __await__(self) -> Any:
         return self.result().__await__()
@@ -91,8 +91,11 @@ def _quiet_cancel(job: Any) -> None:
 class PooledClient:
     """Exclusive use of one pooled connection to :attr:`space` for one request."""
 
-    def __init__(self, conn: Connection, space: str, on_failure: FailureHook) -> None:
+    def __init__(
+        self, conn: Connection, space: str, on_failure: FailureHook, executor: Executor
+    ) -> None:
         self._conn: Connection | None = conn
+        self._executor = executor
         self.space = space
         self._on_failure = on_failure
         self._jobs: list[PooledJob] = []

@@ -22,10 +22,10 @@ import logging
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable
+from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from typing import Any
 
-import anyio
 import httpx
 
 from ._connection import ClientFactory, gradio_factory, quiet_gradio_env
@@ -87,7 +87,22 @@ class Pool:
         self._owns_coordinator = coordinator is None
         self._clock = clock
         self.router = Router(ttl_s=s.assignment_ttl_s, clock=clock)
-        self.spaces: dict[str, SpacePool] = {}
+        # Blocking gradio_client work (open, close, cancel) runs here, never on the
+        # loop; our own executor (threads start on first use) so that aclose() can
+        # shut its threads down.
+        self._executor = ThreadPoolExecutor(16, thread_name_prefix="spacepool-io")
+        self.spaces: dict[str, SpacePool] = {
+            spec.name: SpacePool(
+                spec,
+                min_size=s.min_connections,
+                max_size=s.max_connections,
+                factory=self._factory,
+                executor=self._executor,
+                connect_attempts=s.connect_attempts,
+                clock=clock,
+            )
+            for spec in self._specs
+        }
         self.hooks: list[Hook] = []
         self._secret: bytes = b""
         self._started = False
@@ -117,17 +132,6 @@ class Pool:
             if self._coordinator is None:
                 self._coordinator = open_coordinator(
                     s.coordinator_url, lease_ttl_s=s.lease_ttl_s
-                )
-            limiter = anyio.CapacityLimiter(16)
-            for spec in self._specs:
-                self.spaces[spec.name] = SpacePool(
-                    spec,
-                    min_size=s.min_connections,
-                    max_size=s.max_connections,
-                    factory=self._factory,
-                    limiter=limiter,
-                    connect_attempts=s.connect_attempts,
-                    clock=self._clock,
                 )
             limits = {
                 GLOBAL_RESOURCE: s.global_max_concurrent,
@@ -165,6 +169,7 @@ class Pool:
             await self._http.aclose()
         if self._coordinator is not None and self._owns_coordinator:
             await self._coordinator.aclose()
+        self._executor.shutdown(wait=False, cancel_futures=True)
 
     # -- the request path -----------------------------------------------------------------
     def hash_user(self, email: str | None) -> str | None:
@@ -194,7 +199,7 @@ class Pool:
         lease, sp, conn = await self._admit_and_checkout(user, space, deadline, ticket)
         started = self._clock()
         outcome = "ok"
-        handle = PooledClient(conn, sp.name, lambda c: self._on_failure(sp, c))
+        handle = PooledClient(conn, sp.name, lambda c: self._on_failure(sp, c), self._executor)
         try:
             yield handle
         except PoolError as exc:
@@ -345,15 +350,13 @@ class Pool:
         s = self.settings
         snap = await self.coordinator.snapshot() if self._started else None
         pools: dict[str, Any] = {}
-        for name, sp in self.spaces.items() if self._started else ():
+        for name, sp in self.spaces.items():
             entry = sp.snapshot(s.health_failures)
             entry["queueLength"] = snap.queued.get(SPACE_PREFIX + name, 0) if snap else 0
             entry["maxConnections"] = sp.max_size
             entry["minConnections"] = sp.min_size
             entry["spaceInFlight"] = snap.held.get(SPACE_PREFIX + name, 0) if snap else 0
             pools[name] = entry
-        if not self._started:
-            pools = {spec.name: _empty_space_stats(s) for spec in self._specs}
         totals = {
             key: sum(p[key] for p in pools.values())
             for key in ("totalConnections", "availableConnections", "inUseConnections")
@@ -378,16 +381,3 @@ class Pool:
                 "waitMs": self.wait_percentiles(),
             },
         }
-
-
-def _empty_space_stats(s: PoolSettings) -> dict[str, Any]:
-    return {
-        "totalConnections": 0,
-        "availableConnections": 0,
-        "inUseConnections": 0,
-        "queueLength": 0,
-        "healthyConnections": 0,
-        "unhealthyConnections": 0,
-        "maxConnections": s.max_connections,
-        "minConnections": s.min_connections,
-    }

@@ -18,9 +18,9 @@ import contextlib
 import time
 from collections import deque
 from collections.abc import Callable
+from concurrent.futures import Executor
 from typing import Any
 
-import anyio
 import httpx
 
 from ._connection import ClientFactory, Connection, ConnState, close_client
@@ -43,7 +43,7 @@ class SpacePool:
         min_size: int,
         max_size: int,
         factory: ClientFactory,
-        limiter: anyio.CapacityLimiter,
+        executor: Executor,
         connect_attempts: int = 3,
         backoff_s: float = 0.5,
         clock: Callable[[], float] = time.monotonic,
@@ -52,7 +52,7 @@ class SpacePool:
         self.min_size = min_size
         self.max_size = max_size
         self._factory = factory
-        self._limiter = limiter
+        self._executor = executor
         self._attempts = connect_attempts
         self._backoff_s = backoff_s
         self._clock = clock
@@ -249,9 +249,8 @@ class SpacePool:
     async def _connect(self) -> Any:
         for attempt in range(self._attempts):
             try:
-                return await anyio.to_thread.run_sync(
-                    self._open_blocking, limiter=self._limiter, abandon_on_cancel=True
-                )
+                loop = asyncio.get_running_loop()
+                return await loop.run_in_executor(self._executor, self._open_blocking)
             except PoolClosedError:
                 raise
             except Exception as exc:
@@ -328,7 +327,8 @@ class SpacePool:
 
     async def _close(self, conn: Connection) -> None:
         conn.state = ConnState.CLOSED
-        await anyio.to_thread.run_sync(close_client, conn.client, limiter=self._limiter)
+        loop = asyncio.get_running_loop()
+        await loop.run_in_executor(self._executor, close_client, conn.client)
 
     def _spawn(self, coro: Any) -> None:
         task = asyncio.get_running_loop().create_task(coro)

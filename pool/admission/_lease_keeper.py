@@ -1,0 +1,468 @@
+"""The process-local half of a shared store: waiters' futures, heartbeat, wake-ups.
+
+SQLite and Redis keep the fleet's state (limits, leases, the FIFO of waiters) and
+apply the grant rule atomically, in one transaction or one Lua script. What is left
+for each process is the same for both stores, so it lives here once
+(:class:`SharedCoordinator`) and a store only implements :class:`SharedStore`:
+
+* **Lease ids are waiter ids.** A granted waiter's entry *becomes* the lease, so a
+  process recognises its grants by id, whichever process made them.
+* **Every store operation runs a grant pass and reports our winners.** ``enqueue``
+  grants at once when there is room (the fast path is one round trip); ``release``,
+  ``withdraw`` and ``set_limits`` hand freed slots straight to the head waiters and
+  return the ones that belong to this process, which are resolved before the call
+  returns. A grant made by *another* process's transaction is discovered by the
+  store's push channel (Redis pub/sub) or by the poller.
+* **One poller per process**, not one per waiter, runs only while local waiters
+  exist. Its interval is the store's: tight for SQLite (there is no push channel),
+  slow for Redis (a safety net behind pub/sub). A poll also lets the store reclaim
+  expired entries, so no external janitor is needed.
+* **One heartbeat per process** renews every local lease and waiter entry each
+  ``lease_ttl/3``. A SIGKILLed process stops renewing; anybody's next pass reclaims
+  its slots and queue entries after ``lease_ttl``.
+* **Withdraw is the only way out of the queue.** A waiter that times out or is
+  cancelled deletes its entry in the same store operation that tells whether it was
+  granted meanwhile: a timed-out waiter then keeps the lease, a cancelled one gives
+  it back (STYLE rule 3). Store calls run in tasks awaited through
+  ``asyncio.shield``, so a cancelled caller never leaves half an operation behind.
+* **Fail closed.** A store error while admitting raises ``BusyError(reason=
+  "coordinator_unavailable")``: nothing is admitted without the store, and leases
+  already granted keep running. A release (or withdraw) that cannot reach the store
+  is logged and its id kept as an *orphan* that the heartbeat retries; as nobody
+  renews it any more, the store drops it after ``lease_ttl`` in any case.
+
+The state machine (``_learn``/``_resolve``) has no ``await``; I/O happens around it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol, TypeVar
+
+from .._exceptions import BusyError, MisuseError, PoolClosedError
+from ._protocol import AdmissionSnapshot, Lease, WaitTicket, new_id
+from ._rule import bottleneck_capacity, estimate_wait_s, limit_lookup
+
+_log = logging.getLogger("pool.admission")
+
+T = TypeVar("T")
+
+UNAVAILABLE = "coordinator_unavailable"
+
+
+class StoreUnavailable(Exception):
+    """The store did not answer (down, locked, timed out); stores map their errors here."""
+
+
+@dataclass(frozen=True)
+class StoreView:
+    """What one store operation learned for this process."""
+
+    granted: frozenset[str] = frozenset()
+    """Our waiter ids that are leases now (granted by this pass or an earlier one)."""
+    positions: Mapping[str, int] = field(default_factory=dict)
+    """Our waiter ids still queued → 1-based position in the fleet-wide queue."""
+    limits: Mapping[str, int] | None = None
+    mean_hold_s: float | None = None
+
+
+@dataclass(frozen=True)
+class Withdrawn:
+    """Outcome of removing a waiter: was it granted before we got there?"""
+
+    granted: bool
+    position: int
+    view: StoreView
+
+
+class LocalEntries(Protocol):
+    """This process's live entries, for a store that must re-register them."""
+
+    def local_entries(
+        self,
+    ) -> tuple[list[tuple[str, tuple[str, ...]]], list[tuple[str, tuple[str, ...]]]]:
+        """(leases, queued waiters), each as ``(id, resources)``, waiters oldest first."""
+        ...
+
+
+class SharedStore(Protocol):
+    """One fleet-wide store; every mutating call is atomic and runs a grant pass."""
+
+    name: str
+    poll_interval_s: float
+
+    def attach(self, local: LocalEntries) -> None: ...
+
+    async def enqueue(self, waiter_id: str, resources: tuple[str, ...]) -> StoreView: ...
+
+    async def withdraw(self, waiter_id: str, *, keep: bool) -> Withdrawn:
+        """Delete the waiter; if it was granted, keep the lease or (``keep=False``) free it."""
+        ...
+
+    async def release(self, lease_id: str, held_s: float) -> StoreView: ...
+
+    async def poll(self, waiting: Sequence[str]) -> StoreView:
+        """Which of ``waiting`` are leases now; reclaims expired entries when due."""
+        ...
+
+    async def renew(self, ids: Sequence[str]) -> set[str]:
+        """Push back the expiry of these leases/waiters; returns the ids not found."""
+        ...
+
+    async def drop(self, ids: Sequence[str]) -> None:
+        """Free these leases and delete these waiters in one operation (close)."""
+        ...
+
+    async def set_limits(self, limits: Mapping[str, int]) -> StoreView: ...
+
+    async def snapshot(self) -> AdmissionSnapshot: ...
+
+    async def shared_secret(self) -> bytes: ...
+
+    async def watch(
+        self, on_grant: Callable[[Iterable[str]], None], on_resume: Callable[[], None]
+    ) -> None:
+        """Push channel: call ``on_grant`` with our granted ids; return if there is none."""
+        ...
+
+    async def close(self) -> None: ...
+
+
+class _Waiter:
+    __slots__ = ("enqueued", "future", "resources", "ticket")
+
+    def __init__(self, resources: tuple[str, ...], ticket: WaitTicket) -> None:
+        self.resources = resources
+        self.ticket = ticket
+        self.enqueued = False
+        self.future: asyncio.Future[Lease] = asyncio.get_running_loop().create_future()
+
+
+class SharedCoordinator:
+    """A :class:`~pool.admission.Coordinator` over a :class:`SharedStore`."""
+
+    store: str
+
+    def __init__(self, backend: SharedStore, *, lease_ttl_s: float) -> None:
+        if lease_ttl_s <= 0:
+            raise ValueError("lease_ttl_s must be positive")
+        self.store = backend.name
+        self.lease_ttl_s = lease_ttl_s
+        self._backend = backend
+        self._waiters: dict[str, _Waiter] = {}
+        self._leases: dict[str, Lease] = {}
+        self._orphans: set[str] = set()
+        self._limits: dict[str, int] = {}
+        self._mean_hold_s = 1.0
+        self._closed = False
+        self._tasks: list[asyncio.Task[None]] = []
+        self._inflight: set[asyncio.Task[Any]] = set()
+        self._has_waiters = asyncio.Event()
+        self._poll_now = asyncio.Event()
+        self._reachable = True
+        backend.attach(self)
+
+    # -- the protocol ----------------------------------------------------------------------
+    async def acquire(
+        self, resources: Sequence[str], *, timeout: float, ticket: WaitTicket | None = None
+    ) -> Lease:
+        self._start()
+        deadline = asyncio.get_running_loop().time() + timeout
+        key = new_id()
+        waiter = _Waiter(tuple(resources), ticket or WaitTicket())
+        self._waiters[key] = waiter
+        enqueue = self._spawn(self._backend.enqueue(key, waiter.resources))
+        try:
+            view = await asyncio.shield(enqueue)
+            waiter.enqueued = True
+            self._learn(view)
+            self._has_waiters.set()
+            async with asyncio.timeout_at(deadline):
+                return await asyncio.shield(waiter.future)
+        except TimeoutError:
+            lease, position = await self._withdraw(key, waiter, enqueue, keep=True)
+            if lease is not None:
+                return lease
+            raise BusyError(
+                f"no capacity within {timeout:.1f}s",
+                queue_position=position,
+                retry_after_s=waiter.ticket.estimate_s or self._mean_hold_s,
+            ) from None
+        except StoreUnavailable as exc:
+            self._waiters.pop(key, None)
+            self._orphans.add(key)  # the enqueue may have landed before the error
+            self._set_reachable(False, exc)
+            raise BusyError(
+                f"admission store unreachable: {exc}",
+                queue_position=0,
+                retry_after_s=max(1.0, self.lease_ttl_s / 3),
+                reason=UNAVAILABLE,
+            ) from exc
+        except BaseException:
+            await self._withdraw(key, waiter, enqueue, keep=False)
+            raise
+
+    async def release(self, lease: Lease) -> None:
+        if self._leases.pop(lease.lease_id, None) is None:
+            if lease.released:
+                lease.mark_released()  # raises: released twice
+            raise MisuseError(f"lease {lease.lease_id} is not held by this coordinator")
+        lease.mark_released()
+        if self._closed:
+            return  # aclose already returned it to the store
+        held_s = time.monotonic() - lease.granted_at
+        await asyncio.shield(self._spawn(self._release_in_store(lease.lease_id, held_s)))
+
+    async def set_limits(self, limits: dict[str, int]) -> None:
+        self._start()
+        try:
+            view = await asyncio.shield(self._spawn(self._backend.set_limits(dict(limits))))
+        except StoreUnavailable as exc:
+            raise self._unavailable(exc) from exc
+        self._learn(view)
+
+    async def snapshot(self) -> AdmissionSnapshot:
+        try:
+            snap = await self._backend.snapshot()
+        except StoreUnavailable as exc:
+            self._set_reachable(False, exc)
+            return AdmissionSnapshot(
+                held={},
+                queued={},
+                limits=dict(self._limits),
+                waiting=0,
+                store=self.store,
+                reachable=False,
+            )
+        self._set_reachable(True)
+        return snap
+
+    async def shared_secret(self) -> bytes:
+        try:
+            return await self._backend.shared_secret()
+        except StoreUnavailable as exc:
+            raise self._unavailable(exc) from exc
+
+    async def aclose(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        ids = [*self._leases, *(k for k, w in self._waiters.items() if w.enqueued)]
+        ids.extend(self._orphans)
+        for waiter in self._waiters.values():
+            if not waiter.future.done():
+                waiter.future.set_exception(PoolClosedError("coordinator closed"))
+        self._waiters.clear()
+        if self._inflight:
+            await asyncio.gather(*self._inflight, return_exceptions=True)
+        try:
+            if ids:
+                await self._backend.drop(ids)
+        except StoreUnavailable as exc:
+            _log.warning("could not free %d entries on close (%s); they expire by TTL",
+                         len(ids), exc)
+        await self._backend.close()
+
+    # -- LocalEntries ----------------------------------------------------------------------
+    def local_entries(
+        self,
+    ) -> tuple[list[tuple[str, tuple[str, ...]]], list[tuple[str, tuple[str, ...]]]]:
+        leases = [(k, lease.resources) for k, lease in self._leases.items()]
+        waiters = [(k, w.resources) for k, w in self._waiters.items() if w.enqueued]
+        return leases, waiters
+
+    # -- state machine: no await below -----------------------------------------------------
+    def _learn(self, view: StoreView) -> None:
+        if view.limits is not None:
+            self._limits = dict(view.limits)
+        if view.mean_hold_s is not None:
+            self._mean_hold_s = view.mean_hold_s
+        self._resolve(view.granted)
+        if not view.positions:
+            return
+        limit_of = limit_lookup(self._limits)
+        for key, position in view.positions.items():
+            waiter = self._waiters.get(key)
+            if waiter is not None:
+                waiter.ticket.position = position
+                capacity = bottleneck_capacity(waiter.resources, limit_of)
+                waiter.ticket.estimate_s = estimate_wait_s(position, capacity, self._mean_hold_s)
+
+    def _resolve(self, ids: Iterable[str]) -> None:
+        """Hand each granted waiter its lease; ids we no longer wait for are ignored."""
+        for key in ids:
+            waiter = self._waiters.pop(key, None)
+            if waiter is None or waiter.future.done():
+                continue
+            lease = Lease(key, waiter.resources)
+            self._leases[key] = lease
+            waiter.future.set_result(lease)
+
+    def _set_reachable(self, reachable: bool, exc: BaseException | None = None) -> None:
+        if reachable != self._reachable:
+            if reachable:
+                _log.warning("admission store %s reachable again", self.store)
+            else:
+                _log.error("admission store %s unreachable: %s", self.store, exc)
+        self._reachable = reachable
+
+    def _unavailable(self, exc: StoreUnavailable) -> BusyError:
+        self._set_reachable(False, exc)
+        return BusyError(
+            f"admission store unreachable: {exc}",
+            queue_position=0,
+            retry_after_s=max(1.0, self.lease_ttl_s / 3),
+            reason=UNAVAILABLE,
+        )
+
+    # -- leaving the queue -----------------------------------------------------------------
+    async def _withdraw(
+        self, key: str, waiter: _Waiter, enqueue: asyncio.Task[StoreView], *, keep: bool
+    ) -> tuple[Lease | None, int]:
+        self._waiters.pop(key, None)  # from here on, _resolve ignores this id
+        if _granted(waiter.future):
+            lease = waiter.future.result()
+            if keep:
+                return lease, 0
+            await self.release(lease)
+            return None, 0
+        waiter.future.cancel()
+        if self._closed:
+            return None, 0
+        task = self._spawn(self._withdraw_in_store(key, waiter, enqueue, keep=keep))
+        try:
+            return await asyncio.shield(task)
+        except asyncio.CancelledError:
+            if keep:  # cancelled while timing out: a kept lease has nobody to return it
+                task.add_done_callback(self._free_kept)
+            raise
+
+    async def _withdraw_in_store(
+        self, key: str, waiter: _Waiter, enqueue: asyncio.Task[StoreView], *, keep: bool
+    ) -> tuple[Lease | None, int]:
+        with contextlib.suppress(Exception):  # its error went to the caller already
+            await enqueue  # the withdraw must reach the store after the enqueue
+        try:
+            out = await self._backend.withdraw(key, keep=keep)
+        except StoreUnavailable as exc:
+            _log.warning("could not withdraw waiter %s (%s); retrying later", key[:8], exc)
+            self._orphans.add(key)
+            return None, waiter.ticket.position
+        self._learn(out.view)
+        if out.granted and keep:
+            lease = Lease(key, waiter.resources)
+            self._leases[key] = lease
+            return lease, 0
+        return None, out.position or waiter.ticket.position
+
+    def _free_kept(self, task: asyncio.Task[tuple[Lease | None, int]]) -> None:
+        if task.cancelled() or task.exception() is not None:
+            return
+        lease, _ = task.result()
+        if lease is not None and not lease.released:
+            self._spawn(self.release(lease))
+
+    async def _release_in_store(self, lease_id: str, held_s: float) -> None:
+        try:
+            view = await self._backend.release(lease_id, held_s)
+        except StoreUnavailable as exc:
+            _log.warning("could not release lease %s (%s); retrying, else it expires by TTL",
+                         lease_id[:8], exc)
+            self._orphans.add(lease_id)
+            self._set_reachable(False, exc)
+            return
+        self._learn(view)
+
+    # -- background work: one poller, one heartbeat, one push listener per process --------
+    def _start(self) -> None:
+        if self._closed:
+            raise PoolClosedError("coordinator closed")
+        if self._tasks:
+            return
+        loop = asyncio.get_running_loop()
+        self._tasks = [
+            loop.create_task(self._poll_loop(), name="spacepool-admission-poll"),
+            loop.create_task(self._heartbeat_loop(), name="spacepool-admission-heartbeat"),
+            loop.create_task(
+                self._backend.watch(self._resolve, self._poll_now.set),
+                name="spacepool-admission-watch",
+            ),
+        ]
+
+    def _spawn(self, coro: Coroutine[Any, Any, T]) -> asyncio.Task[T]:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._inflight.add(task)
+        task.add_done_callback(self._inflight.discard)
+        return task
+
+    async def _poll_loop(self) -> None:
+        interval = self._backend.poll_interval_s
+        while True:
+            if not self._waiters:
+                self._has_waiters.clear()
+                await self._has_waiters.wait()
+                continue
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(interval):
+                    await self._poll_now.wait()
+            self._poll_now.clear()
+            waiting = [k for k, w in self._waiters.items() if w.enqueued]
+            if not waiting:
+                continue
+            try:
+                view = await self._backend.poll(waiting)
+            except StoreUnavailable as exc:
+                self._set_reachable(False, exc)
+                continue
+            self._set_reachable(True)
+            self._learn(view)
+
+    async def _heartbeat_loop(self) -> None:
+        interval = self.lease_ttl_s / 3
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                await self._heartbeat()
+            except StoreUnavailable as exc:
+                self._set_reachable(False, exc)
+            else:
+                self._set_reachable(True)
+
+    async def _heartbeat(self) -> None:
+        for key in list(self._orphans):
+            out = await self._backend.withdraw(key, keep=False)
+            self._orphans.discard(key)
+            self._learn(out.view)
+        ids = [*self._leases, *(k for k, w in self._waiters.items() if w.enqueued)]
+        if not ids:
+            return
+        missing = await self._backend.renew(ids)
+        for key in missing:
+            if key in self._leases:
+                _log.error("lease %s expired in the store while held (process stalled "
+                           "longer than lease_ttl_s?)", key[:8])
+            waiter = self._waiters.get(key)
+            if waiter is not None and waiter.enqueued and not waiter.future.done():
+                del self._waiters[key]
+                waiter.future.set_exception(
+                    BusyError(
+                        "queue entry expired in the store",
+                        queue_position=waiter.ticket.position,
+                        retry_after_s=self._mean_hold_s,
+                        reason=UNAVAILABLE,
+                    )
+                )
+
+
+def _granted(future: asyncio.Future[Lease]) -> bool:
+    return future.done() and not future.cancelled() and future.exception() is None

@@ -1,0 +1,454 @@
+"""Host-wide store (``sqlite:///abs/path.db``): the processes of one machine share a file.
+
+This is the embedded default, safe when ``uvicorn --workers N`` runs several
+processes. The whole fleet state lives in the file::
+
+    limits(resource, lim)                         a name or a prefix ("consumer:")
+    waiters(seq AUTOINCREMENT, id, owner, resources, ttl_s, enqueued_at, expires_at)
+    leases(id, owner, resources, ttl_s, granted_at, expires_at)
+    stats(key, value)                             mean_hold_s (EWMA over releases)
+    secret(id = 1, key)                           created once, read by everyone
+
+``seq`` is the arrival order, fleet-wide. Holder counts are *derived* from the live
+leases (``json_each`` over their resources) instead of kept in a counter table, so
+they can never drift from the leases that justify them.
+
+Why it is shaped this way:
+
+* **One transaction per decision.** Every mutation (enqueue, release, withdraw,
+  set_limits, drop) is one ``BEGIN IMMEDIATE`` transaction that first deletes expired
+  leases and waiters, then applies the change, then runs :func:`plan_grants` over the
+  waiters in ``seq`` order with the held counts of the live leases and turns the
+  winners' rows into leases (same id). The write lock of ``BEGIN IMMEDIATE`` is the
+  fleet's critical section; ``plan_grants`` has no ``await`` and no I/O.
+* **Whoever commits, grants.** The process that frees a slot hands it to the head
+  waiter whatever process that waiter belongs to; the owner discovers the lease on
+  its next poll. Polls are read-only (``SELECT id FROM leases WHERE id IN (...)``)
+  and cheap in WAL mode, where readers never block the writer; a poll upgrades to a
+  write transaction only when some entry's ``expires_at`` has passed (a crashed
+  process) or once a second as a safety net.
+* **A dedicated thread.** sqlite3 calls block, so each coordinator owns one worker
+  thread and one connection; store calls are queued to it in order, which also
+  guarantees that a withdraw reaches the file after its enqueue.
+* **Fail closed.** ``busy_timeout`` bounds how long a transaction waits for the write
+  lock (``?busy_timeout_ms=``, default 2000). Beyond it, or when the file cannot be
+  opened, the call raises :class:`StoreUnavailable`, which the coordinator turns into
+  ``BusyError(reason="coordinator_unavailable")``. Granted leases keep running; they
+  are renewed again once the file answers.
+
+Expiry uses the wall clock (``time.time()``): it is shared by every process of the
+host, and unlike ``CLOCK_MONOTONIC`` it survives a reboot with the file on disk.
+Options: ``?busy_timeout_ms=2000&poll_ms=15``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import secrets
+import sqlite3
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import TypeVar
+from urllib.parse import parse_qs, urlsplit
+
+from ._lease_keeper import SharedCoordinator, StoreUnavailable, StoreView, Withdrawn
+from ._protocol import AdmissionSnapshot, new_id
+from ._rule import limit_lookup, plan_grants
+
+T = TypeVar("T")
+_log = logging.getLogger("pool.admission")
+
+_SAFETY_PASS_S = 1.0  # a poll runs a full write pass at least this often
+_POSITIONS_EVERY_S = 0.25  # how often a poll refreshes the waiters' positions
+
+_SCHEMA = (
+    "CREATE TABLE IF NOT EXISTS limits (resource TEXT PRIMARY KEY, lim INTEGER NOT NULL)",
+    """CREATE TABLE IF NOT EXISTS waiters (
+        seq INTEGER PRIMARY KEY AUTOINCREMENT,
+        id TEXT NOT NULL UNIQUE,
+        owner TEXT NOT NULL,
+        resources TEXT NOT NULL,
+        ttl_s REAL NOT NULL,
+        enqueued_at REAL NOT NULL,
+        expires_at REAL NOT NULL)""",
+    "CREATE INDEX IF NOT EXISTS waiters_expiry ON waiters(expires_at)",
+    """CREATE TABLE IF NOT EXISTS leases (
+        id TEXT PRIMARY KEY,
+        owner TEXT NOT NULL,
+        resources TEXT NOT NULL,
+        ttl_s REAL NOT NULL,
+        granted_at REAL NOT NULL,
+        expires_at REAL NOT NULL)""",
+    "CREATE INDEX IF NOT EXISTS leases_expiry ON leases(expires_at)",
+    "CREATE TABLE IF NOT EXISTS stats (key TEXT PRIMARY KEY, value REAL NOT NULL)",
+    "CREATE TABLE IF NOT EXISTS secret (id INTEGER PRIMARY KEY CHECK (id = 1), key BLOB NOT NULL)",
+)
+
+_IDS = "(SELECT value FROM json_each(?))"  # a JSON array parameter as a set of ids
+
+
+class SQLiteCoordinator(SharedCoordinator):
+    """Admission shared by the processes of one host through one SQLite file."""
+
+    def __init__(self, url: str, *, lease_ttl_s: float = 15.0) -> None:
+        path, busy_timeout_s, poll_s = _parse_url(url)
+        self.path = path
+        super().__init__(
+            _SQLiteStore(
+                path,
+                owner=new_id(),
+                lease_ttl_s=lease_ttl_s,
+                busy_timeout_s=busy_timeout_s,
+                poll_interval_s=poll_s,
+            ),
+            lease_ttl_s=lease_ttl_s,
+        )
+
+
+def _parse_url(url: str) -> tuple[str, float, float]:
+    parts = urlsplit(url)
+    if parts.scheme != "sqlite" or parts.netloc or not parts.path.strip("/"):
+        raise ValueError(f"expected sqlite:///absolute/path.db, got {url!r}")
+    query = {k: v[-1] for k, v in parse_qs(parts.query).items()}
+    unknown = set(query) - {"busy_timeout_ms", "poll_ms"}
+    if unknown:
+        raise ValueError(f"unknown sqlite coordinator option(s): {', '.join(sorted(unknown))}")
+    path = "/" + parts.path.lstrip("/")
+    busy_timeout_s = float(query.get("busy_timeout_ms", 2000)) / 1000
+    poll_s = float(query.get("poll_ms", 15)) / 1000
+    return path, busy_timeout_s, poll_s
+
+
+class _SQLiteStore:
+    """The file and its transactions; every method below ``_run`` runs on the worker."""
+
+    name = "sqlite"
+
+    def __init__(
+        self,
+        path: str,
+        *,
+        owner: str,
+        lease_ttl_s: float,
+        busy_timeout_s: float,
+        poll_interval_s: float,
+    ) -> None:
+        self.path = path
+        self.poll_interval_s = poll_interval_s
+        self._owner = owner
+        self._ttl = lease_ttl_s
+        self._busy_timeout_s = busy_timeout_s
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="spacepool-sqlite")
+        self._secret: bytes | None = None
+        # Worker-thread state:
+        self._conn: sqlite3.Connection | None = None
+        self._next_safety_pass = 0.0
+        self._next_positions = 0.0
+
+    def attach(self, local: object) -> None:
+        """Nothing to re-register: the file outlives every process."""
+
+    async def watch(
+        self, on_grant: Callable[[Iterable[str]], None], on_resume: Callable[[], None]
+    ) -> None:
+        """No push channel: owners discover remote grants by polling."""
+
+    # -- async surface ---------------------------------------------------------------------
+    async def _run(self, job: Callable[[], T]) -> T:
+        try:
+            return await asyncio.get_running_loop().run_in_executor(self._executor, job)
+        except sqlite3.OperationalError as exc:  # locked beyond busy_timeout, I/O, open
+            raise StoreUnavailable(f"sqlite {self.path}: {exc}") from exc
+        except sqlite3.DatabaseError as exc:
+            if type(exc) is not sqlite3.DatabaseError:  # integrity/programming: a bug
+                raise
+            raise StoreUnavailable(f"sqlite {self.path}: {exc}") from exc
+        except OSError as exc:  # cannot create the directory
+            raise StoreUnavailable(f"sqlite {self.path}: {exc}") from exc
+
+    async def _transact(self, body: Callable[[sqlite3.Connection, float], T]) -> T:
+        return await self._run(lambda: self._tx(body))
+
+    async def enqueue(self, waiter_id: str, resources: tuple[str, ...]) -> StoreView:
+        return await self._transact(lambda c, now: self._enqueue(c, now, waiter_id, resources))
+
+    async def withdraw(self, waiter_id: str, *, keep: bool) -> Withdrawn:
+        return await self._transact(lambda c, now: self._withdraw(c, now, waiter_id, keep))
+
+    async def release(self, lease_id: str, held_s: float) -> StoreView:
+        return await self._transact(lambda c, now: self._release(c, now, lease_id, held_s))
+
+    async def poll(self, waiting: Sequence[str]) -> StoreView:
+        ids = list(waiting)
+        return await self._run(lambda: self._poll(ids))
+
+    async def renew(self, ids: Sequence[str]) -> set[str]:
+        wanted = list(ids)
+        return await self._transact(lambda c, now: self._renew(c, now, wanted))
+
+    async def drop(self, ids: Sequence[str]) -> None:
+        gone = json.dumps(list(ids))
+        await self._transact(lambda c, now: self._drop(c, now, gone))
+
+    async def set_limits(self, limits: Mapping[str, int]) -> StoreView:
+        rows = [(r, int(n)) for r, n in limits.items()]
+        return await self._transact(lambda c, now: self._set_limits(c, now, rows))
+
+    async def snapshot(self) -> AdmissionSnapshot:
+        return await self._run(self._snapshot)
+
+    async def shared_secret(self) -> bytes:
+        if self._secret is None:
+            candidate = secrets.token_bytes(32)
+            self._secret = await self._transact(lambda c, _now: _secret(c, candidate))
+        return self._secret
+
+    async def close(self) -> None:
+        try:
+            await self._run(self._close)
+        finally:
+            self._executor.shutdown(wait=False)
+
+    # -- worker thread ---------------------------------------------------------------------
+    def _connection(self) -> sqlite3.Connection:
+        if self._conn is None:
+            os.makedirs(os.path.dirname(self.path) or "/", exist_ok=True)
+            conn = sqlite3.connect(self.path, timeout=self._busy_timeout_s, isolation_level=None)
+            try:
+                conn.execute("PRAGMA journal_mode=WAL")
+                conn.execute("PRAGMA synchronous=NORMAL")
+                _write(conn, _create_schema)
+            except BaseException:
+                conn.close()
+                raise
+            self._conn = conn
+        return self._conn
+
+    def _close(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+
+    def _tx(self, body: Callable[[sqlite3.Connection, float], T]) -> T:
+        return _write(self._connection(), body)
+
+    def _grant(
+        self,
+        conn: sqlite3.Connection,
+        now: float,
+        newcomer: tuple[str, tuple[str, ...]] | None = None,
+    ) -> set[str]:
+        """Reclaim expired entries, then the grant pass; returns the ids won by our owner.
+
+        ``newcomer`` is a waiter not yet in the table that queues behind everybody:
+        granted, it becomes a lease without ever being a waiter row.
+        """
+        conn.execute("DELETE FROM leases WHERE expires_at < ?", (now,))
+        conn.execute("DELETE FROM waiters WHERE expires_at < ?", (now,))
+        rows: list[tuple[str, str, str]] = conn.execute(
+            "SELECT id, owner, resources FROM waiters ORDER BY seq"
+        ).fetchall()
+        if not rows and newcomer is None:
+            return set()
+        queue = [(key, tuple(json.loads(res))) for key, _, res in rows]
+        owners = {key: owner for key, owner, _ in rows}
+        if newcomer is not None:
+            queue.append(newcomer)
+            owners[newcomer[0]] = self._owner
+        granted = plan_grants(queue, _held(conn, now), limit_lookup(_limits(conn)))
+        mine: set[str] = set()
+        for key in granted:
+            if newcomer is not None and key == newcomer[0]:
+                conn.execute(
+                    "INSERT INTO leases (id, owner, resources, ttl_s, granted_at, expires_at)"
+                    " VALUES (?, ?, ?, ?, ?, ?)",
+                    (key, self._owner, json.dumps(newcomer[1]), self._ttl, now, now + self._ttl),
+                )
+            else:
+                conn.execute(
+                    "INSERT INTO leases (id, owner, resources, ttl_s, granted_at, expires_at)"
+                    " SELECT id, owner, resources, ttl_s, ?, ? + ttl_s FROM waiters WHERE id = ?",
+                    (now, now, key),
+                )
+                conn.execute("DELETE FROM waiters WHERE id = ?", (key,))
+            if owners[key] == self._owner:
+                mine.add(key)
+        return mine
+
+    def _enqueue(
+        self, conn: sqlite3.Connection, now: float, key: str, resources: tuple[str, ...]
+    ) -> StoreView:
+        mine = self._grant(conn, now, (key, resources))
+        if key in mine:
+            return StoreView(granted=frozenset(mine))
+        conn.execute(
+            "INSERT INTO waiters (id, owner, resources, ttl_s, enqueued_at, expires_at)"
+            " VALUES (?, ?, ?, ?, ?, ?)",
+            (key, self._owner, json.dumps(resources), self._ttl, now, now + self._ttl),
+        )
+        (position,) = conn.execute("SELECT COUNT(*) FROM waiters").fetchone()
+        return StoreView(
+            granted=frozenset(mine),
+            positions={key: position},
+            limits=_limits(conn),
+            mean_hold_s=_mean_hold(conn),
+        )
+
+    def _withdraw(self, conn: sqlite3.Connection, now: float, key: str, keep: bool) -> Withdrawn:
+        row = conn.execute("SELECT seq FROM waiters WHERE id = ?", (key,)).fetchone()
+        position = 0
+        granted = False
+        if row is not None:
+            (position,) = conn.execute(
+                "SELECT COUNT(*) FROM waiters WHERE seq <= ?", (row[0],)
+            ).fetchone()
+            conn.execute("DELETE FROM waiters WHERE id = ?", (key,))
+        elif conn.execute("SELECT 1 FROM leases WHERE id = ?", (key,)).fetchone() is not None:
+            granted = True
+            if keep:
+                return Withdrawn(True, 0, StoreView())
+            conn.execute("DELETE FROM leases WHERE id = ?", (key,))
+        return Withdrawn(granted, position, StoreView(granted=frozenset(self._grant(conn, now))))
+
+    def _release(
+        self, conn: sqlite3.Connection, now: float, key: str, held_s: float
+    ) -> StoreView:
+        if conn.execute("DELETE FROM leases WHERE id = ?", (key,)).rowcount:
+            conn.execute(
+                "INSERT INTO stats (key, value) VALUES ('mean_hold_s', 0.8 + 0.2 * ?1)"
+                " ON CONFLICT (key) DO UPDATE SET value = 0.8 * value + 0.2 * ?1",
+                (max(held_s, 0.0),),
+            )
+        else:
+            _log.warning("lease %s was gone from the store (expired?) at release", key[:8])
+        return StoreView(granted=frozenset(self._grant(conn, now)))
+
+    def _poll(self, waiting: list[str]) -> StoreView:
+        conn = self._connection()
+        now = time.time()
+        (due,) = conn.execute(
+            "SELECT MIN(e) FROM (SELECT MIN(expires_at) AS e FROM leases"
+            " UNION ALL SELECT MIN(expires_at) FROM waiters)"
+        ).fetchone()
+        mine: set[str] = set()
+        if now >= self._next_safety_pass or (due is not None and due < now):
+            mine = _write(conn, self._grant)
+            self._next_safety_pass = now + _SAFETY_PASS_S
+        ids = json.dumps(waiting)
+        mine.update(r for (r,) in conn.execute(f"SELECT id FROM leases WHERE id IN {_IDS}",
+                                               (ids,)))
+        if now < self._next_positions:
+            return StoreView(granted=frozenset(mine))
+        self._next_positions = now + _POSITIONS_EVERY_S
+        positions: dict[str, int] = dict(
+            conn.execute(
+                "SELECT w.id, (SELECT COUNT(*) FROM waiters AS x WHERE x.seq <= w.seq)"
+                f" FROM waiters AS w WHERE w.id IN {_IDS}",
+                (ids,),
+            )
+        )
+        return StoreView(
+            granted=frozenset(mine),
+            positions=positions,
+            limits=_limits(conn),
+            mean_hold_s=_mean_hold(conn),
+        )
+
+    def _renew(self, conn: sqlite3.Connection, now: float, ids: list[str]) -> set[str]:
+        wanted = json.dumps(ids)
+        for table in ("leases", "waiters"):
+            conn.execute(
+                f"UPDATE {table} SET expires_at = ? + ttl_s WHERE id IN {_IDS}", (now, wanted)
+            )
+        found = conn.execute(
+            f"SELECT id FROM leases WHERE id IN {_IDS} UNION ALL"
+            f" SELECT id FROM waiters WHERE id IN {_IDS}",
+            (wanted, wanted),
+        )
+        return set(ids) - {r for (r,) in found}
+
+    def _drop(self, conn: sqlite3.Connection, now: float, ids: str) -> None:
+        conn.execute(f"DELETE FROM leases WHERE id IN {_IDS}", (ids,))
+        conn.execute(f"DELETE FROM waiters WHERE id IN {_IDS}", (ids,))
+        self._grant(conn, now)
+
+    def _set_limits(
+        self, conn: sqlite3.Connection, now: float, rows: list[tuple[str, int]]
+    ) -> StoreView:
+        conn.executemany(
+            "INSERT INTO limits (resource, lim) VALUES (?, ?)"
+            " ON CONFLICT (resource) DO UPDATE SET lim = excluded.lim",
+            rows,
+        )
+        mine = self._grant(conn, now)
+        return StoreView(granted=frozenset(mine), limits=_limits(conn))
+
+    def _snapshot(self) -> AdmissionSnapshot:
+        conn = self._connection()
+        now = time.time()
+        conn.execute("BEGIN")  # one consistent read
+        try:
+            held = _held(conn, now)
+            queued: dict[str, int] = dict(
+                conn.execute(
+                    "SELECT j.value, COUNT(*) FROM waiters, json_each(waiters.resources) AS j"
+                    " WHERE waiters.expires_at >= ? GROUP BY j.value",
+                    (now,),
+                )
+            )
+            (waiting,) = conn.execute(
+                "SELECT COUNT(*) FROM waiters WHERE expires_at >= ?", (now,)
+            ).fetchone()
+            limits = _limits(conn)
+        finally:
+            conn.execute("COMMIT")
+        return AdmissionSnapshot(
+            held=held, queued=queued, limits=limits, waiting=waiting, store=self.name
+        )
+
+
+def _write(conn: sqlite3.Connection, body: Callable[[sqlite3.Connection, float], T]) -> T:
+    """Run ``body`` in one ``BEGIN IMMEDIATE`` transaction (the fleet's critical section)."""
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        result = body(conn, time.time())
+        conn.execute("COMMIT")
+    except BaseException:
+        if conn.in_transaction:
+            conn.execute("ROLLBACK")
+        raise
+    return result
+
+
+def _create_schema(conn: sqlite3.Connection, _now: float) -> None:
+    for statement in _SCHEMA:
+        conn.execute(statement)
+
+
+def _held(conn: sqlite3.Connection, now: float) -> dict[str, int]:
+    return dict(
+        conn.execute(
+            "SELECT j.value, COUNT(*) FROM leases, json_each(leases.resources) AS j"
+            " WHERE leases.expires_at >= ? GROUP BY j.value",
+            (now,),
+        )
+    )
+
+
+def _limits(conn: sqlite3.Connection) -> dict[str, int]:
+    return dict(conn.execute("SELECT resource, lim FROM limits"))
+
+
+def _mean_hold(conn: sqlite3.Connection) -> float:
+    row = conn.execute("SELECT value FROM stats WHERE key = 'mean_hold_s'").fetchone()
+    return 1.0 if row is None else float(row[0])
+
+
+def _secret(conn: sqlite3.Connection, candidate: bytes) -> bytes:
+    conn.execute("INSERT OR IGNORE INTO secret (id, key) VALUES (1, ?)", (candidate,))
+    (key,) = conn.execute("SELECT key FROM secret WHERE id = 1").fetchone()
+    return bytes(key)

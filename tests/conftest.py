@@ -1,0 +1,61 @@
+"""Shared fixtures: real stand-in Spaces (devspaces) and pools built against them."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import AsyncIterator, Callable, Iterator
+
+import pytest
+
+from devspaces import SpaceFleet
+from pool import Pool, PoolSettings
+
+os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
+os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+
+@pytest.fixture(scope="session")
+def fleet() -> Iterator[SpaceFleet]:
+    """Two stand-in Spaces (alpha, beta) shared by the tests that do not break them."""
+    with SpaceFleet(2) as spaces:
+        yield spaces
+
+
+@pytest.fixture
+def clean_fleet(fleet: SpaceFleet) -> SpaceFleet:
+    """The shared fleet with its counters zeroed and normal behaviour."""
+    for space in fleet:
+        space.control(mode="ok", config_delay_s=0.0)
+        space.reset()
+    return fleet
+
+
+def make_settings(fleet: SpaceFleet, **overrides: object) -> PoolSettings:
+    """Settings for a pool over ``fleet``; in-process admission unless overridden."""
+    values: dict[str, object] = {
+        "spaces": fleet.pool_spaces_env(),
+        "coordinator_url": "memory://",
+        "queue_timeout_s": 10.0,
+    }
+    values.update(overrides)
+    return PoolSettings(**values)  # type: ignore[arg-type]
+
+
+PoolMaker = Callable[..., Pool]
+
+
+@pytest.fixture
+async def make_pool() -> AsyncIterator[PoolMaker]:
+    """Build pools over a fleet (``make_pool(fleet, **settings)``); closed at the end."""
+    pools: list[Pool] = []
+
+    def build(fleet: SpaceFleet, *, clock: Callable[[], float] | None = None, **kw: object) -> Pool:
+        extra = {"clock": clock} if clock is not None else {}
+        p = Pool(make_settings(fleet, **kw), **extra)  # type: ignore[arg-type]
+        pools.append(p)
+        return p
+
+    yield build
+    for p in pools:
+        await p.aclose()
