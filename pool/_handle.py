@@ -9,6 +9,7 @@ using it afterwards raises :class:`~pool.MisuseError`.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import time
 from collections.abc import Callable
@@ -53,6 +54,14 @@ class PooledJob:
                 "the upstream job was cancelled"
             ) from None
         except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if self._future.done() and task is not None and not task.cancelling():
+                # Not us being cancelled: the job's future was cancelled or raised
+                # concurrent.futures.CancelledError (asyncio converts it) because the
+                # Space dropped the job (killed or restarted mid-job).
+                classified = classify(concurrent.futures.CancelledError())
+                self._handle._failed(classified)
+                raise classified.error from None
             self._handle._dirty = True
             self._cancel_in_background()
             raise

@@ -216,7 +216,16 @@ class SharedCoordinator:
         if self._closed:
             return  # aclose already returned it to the store
         held_s = time.monotonic() - lease.granted_at
-        await asyncio.shield(self._spawn(self._release_in_store(lease.lease_id, held_s)))
+        task = self._spawn(self._release_in_store(lease.lease_id, held_s))
+        try:
+            view = await asyncio.shield(task)
+        except asyncio.CancelledError:
+            task.add_done_callback(self._learn_later)  # the slot is freed all the same
+            raise
+        # Learned here, not in the task: the waiter we hand the slot to is resolved
+        # when release() returns, not a loop iteration before.
+        if view is not None:
+            self._learn(view)
 
     async def set_limits(self, limits: dict[str, int]) -> None:
         self._start()
@@ -372,16 +381,21 @@ class SharedCoordinator:
         if lease is not None and not lease.released:
             self._spawn(self.release(lease))
 
-    async def _release_in_store(self, lease_id: str, held_s: float) -> None:
+    async def _release_in_store(self, lease_id: str, held_s: float) -> StoreView | None:
         try:
-            view = await self._backend.release(lease_id, held_s)
+            return await self._backend.release(lease_id, held_s)
         except StoreUnavailable as exc:
             _log.warning("could not release lease %s (%s); retrying, else it expires by TTL",
                          lease_id[:8], exc)
             self._orphans.add(lease_id)
             self._set_reachable(False, exc)
-            return
-        self._learn(view)
+            return None
+
+    def _learn_later(self, task: asyncio.Task[StoreView | None]) -> None:
+        if not task.cancelled() and task.exception() is None:
+            view = task.result()
+            if view is not None:
+                self._learn(view)
 
     # -- background work: one poller, one heartbeat, one push listener per process --------
     def _start(self) -> None:

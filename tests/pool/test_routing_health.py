@@ -10,7 +10,7 @@ import subprocess
 import sys
 import textwrap
 
-from devspaces import SpaceFleet, SpaceProcess
+from devspaces import SpaceFleet
 from pool import NoHealthySpaceError, Pool, PoolError, PoolSettings
 from tests.conftest import PoolMaker
 from tests.pool.test_core import wait_until

@@ -1,0 +1,551 @@
+"""Fleet-wide store (``redis://host:port/db``): processes on several hosts share Redis.
+
+Every decision is one Lua script (:data:`_SCRIPT`), so it is atomic on the server and
+costs one round trip. The state, under a configurable key prefix
+(``?prefix=``, default ``spacepool:``; use a hash tag such as ``{spacepool}:`` on
+Redis Cluster, as every script touches all the keys)::
+
+    meta      HASH   epoch, born, quarantine, seq, mean (hold-time EWMA), secret
+    limits    HASH   resource or prefix ("consumer:") -> limit
+    held      HASH   resource -> holders (kept in step with ``leases`` by the scripts)
+    queue     ZSET   waiter id scored by a global sequence (HINCRBY meta seq): FIFO
+    waiters   HASH   waiter id -> {o: owner, t: ttl_ms, r: resources}
+    wexp      ZSET   waiter id scored by its expiry (ms, server clock)
+    leases    HASH   lease id -> the same record; a granted waiter keeps its id
+    lexp      ZSET   lease id scored by its expiry
+
+Why it is shaped this way:
+
+* **Same rule, in the server.** ``grant_pass`` in the script is a line-for-line port
+  of :func:`pool.admission._rule.plan_grants`: waiters in arrival order, a waiter
+  short of a ``consumer:`` slot is skipped without reserving anything, a waiter short
+  of a shared resource reserves the resources it is short of. Keep the two in step.
+* **Expiry is data.** Deadlines of leases and waiters live in ZSETs and every script
+  starts by reclaiming what is past due (``TIME`` of the server, so host clocks do
+  not matter). No janitor process is needed.
+* **Push, then poll.** A script that grants waiters of other processes PUBLISHes
+  their ids on ``<prefix>grants:<owner>``; each process has ONE subscriber that
+  resolves its local futures. A slow safety poll (``?poll_ms=``, default 500) covers
+  a lost message and lets waiting processes reclaim a crashed process's slots.
+* **Fail closed, promptly.** Socket timeouts are short (``?timeout_ms=``, default
+  1000) and redis-py's retries are off: an admission that cannot reach Redis raises
+  at once (the coordinator maps it to ``BusyError(reason="coordinator_unavailable")``)
+  instead of retrying a non-idempotent script. The subscriber reconnects by itself.
+* **Surviving a restart without persistence.** Redis may come back empty; admitting
+  against an empty store would ignore the limits and every slot still in use. So
+  each client sends the store *epoch* it knows, and a script run against another
+  epoch does nothing and answers ``EPOCH``. The client then re-registers its limits,
+  its leases and its queued waiters (``restore``) and retries. If the client had
+  known an earlier epoch, the store was reset: a *quarantine* of one lease TTL
+  during which nothing new is granted gives every live process a heartbeat to
+  re-register its leases before the rule counts slots again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import secrets
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any, cast
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+
+from redis.asyncio import Redis
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import ReadOnlyError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from ._lease_keeper import LocalEntries, SharedCoordinator, StoreUnavailable, StoreView, Withdrawn
+from ._protocol import AdmissionSnapshot, new_id
+
+_log = logging.getLogger("pool.admission")
+
+_KEYS = ("meta", "limits", "held", "queue", "waiters", "wexp", "leases", "lexp")
+_UNREACHABLE = (RedisConnectionError, RedisTimeoutError, ReadOnlyError, OSError)
+
+_SCRIPT = r"""
+-- KEYS: meta, limits, held, queue, waiters, wexp, leases, lexp  (see _redis.py)
+-- ARGV: op, owner, epoch, channel prefix, op arguments...
+local META, LIMITS, HELD, QUEUE = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local WAITERS, WEXP, LEASES, LEXP = KEYS[5], KEYS[6], KEYS[7], KEYS[8]
+local op, owner, epoch, chan = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
+local UNLIMITED = 1073741824          -- _rule.UNLIMITED
+local CONSUMER = 'consumer:'          -- _rule.CONSUMER_PREFIX
+
+if op ~= 'restore' and redis.call('HGET', META, 'epoch') ~= epoch then
+  return {'EPOCH'}
+end
+if redis.replicate_commands then redis.replicate_commands() end  -- TIME, then writes
+local clock = redis.call('TIME')
+local now = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
+
+local function is_private(r) return string.sub(r, 1, #CONSUMER) == CONSUMER end
+
+local function as_table(flat)
+  local out = {}
+  for i = 1, #flat, 2 do out[flat[i]] = tonumber(flat[i + 1]) end
+  return out
+end
+
+local limits_cache = nil
+-- _rule.limit_lookup: the resource's own entry, else its prefix's ("consumer:").
+local function limit_of(r)
+  if limits_cache == nil then limits_cache = as_table(redis.call('HGETALL', LIMITS)) end
+  local found = limits_cache[r]
+  if found == nil then
+    local i = string.find(r, ':', 1, true)
+    if i then found = limits_cache[string.sub(r, 1, i)] end
+  end
+  return found or UNLIMITED
+end
+
+local function held_of(r) return tonumber(redis.call('HGET', HELD, r) or '0') end
+
+local function drop_lease(id)
+  redis.call('ZREM', LEXP, id)
+  local rec = redis.call('HGET', LEASES, id)
+  if not rec then return false end
+  for _, r in ipairs(cjson.decode(rec).r) do
+    if redis.call('HINCRBY', HELD, r, -1) <= 0 then redis.call('HDEL', HELD, r) end
+  end
+  redis.call('HDEL', LEASES, id)
+  return true
+end
+
+local function drop_waiter(id)
+  redis.call('ZREM', QUEUE, id)
+  redis.call('ZREM', WEXP, id)
+  return redis.call('HDEL', WAITERS, id) == 1
+end
+
+local function make_lease(id, rec, w)
+  for _, r in ipairs(w.r) do redis.call('HINCRBY', HELD, r, 1) end
+  redis.call('HSET', LEASES, id, rec)
+  redis.call('ZADD', LEXP, now + w.t, id)
+end
+
+local function add_waiter(id, rec, w)
+  local seq = redis.call('HINCRBY', META, 'seq', 1)
+  redis.call('ZADD', QUEUE, seq, id)
+  redis.call('HSET', WAITERS, id, rec)
+  redis.call('ZADD', WEXP, now + w.t, id)
+end
+
+local function reclaim()
+  local due = string.format('(%d', now)
+  for _, id in ipairs(redis.call('ZRANGEBYSCORE', LEXP, '-inf', due, 'LIMIT', 0, 512)) do
+    drop_lease(id)
+  end
+  for _, id in ipairs(redis.call('ZRANGEBYSCORE', WEXP, '-inf', due, 'LIMIT', 0, 512)) do
+    drop_waiter(id)
+  end
+end
+
+local function quarantined()
+  local until_ms = redis.call('HGET', META, 'quarantine')
+  return until_ms and now < tonumber(until_ms)
+end
+
+-- The grant rule: a faithful port of pool/admission/_rule.py plan_grants.
+-- Returns the ids granted to the caller's owner; PUBLISHes the others' ids.
+local function grant_pass()
+  if quarantined() then return {} end
+  local ids = redis.call('ZRANGE', QUEUE, 0, -1)
+  if #ids == 0 then return {} end
+  local counts = as_table(redis.call('HGETALL', HELD))
+  local reserved = {}
+  local mine, others = {}, {}
+  for _, id in ipairs(ids) do
+    local rec = redis.call('HGET', WAITERS, id)
+    if not rec then
+      redis.call('ZREM', QUEUE, id)
+    else
+      local w = cjson.decode(rec)
+      local blocked = false                                    -- (1) private full: skip
+      for _, r in ipairs(w.r) do
+        if is_private(r) and (counts[r] or 0) >= limit_of(r) then blocked = true; break end
+      end
+      if not blocked then
+        local short, n_short, touches_reserved = {}, 0, false
+        for _, r in ipairs(w.r) do
+          if not is_private(r) then
+            if (counts[r] or 0) >= limit_of(r) then short[r] = true; n_short = n_short + 1 end
+            if reserved[r] then touches_reserved = true end
+          end
+        end
+        if n_short > 0 or touches_reserved then                -- (2) reserve what is short
+          for r in pairs(short) do reserved[r] = true end
+        else                                                   -- (3) grant, all or nothing
+          for _, r in ipairs(w.r) do counts[r] = (counts[r] or 0) + 1 end
+          drop_waiter(id)
+          make_lease(id, rec, w)
+          if w.o == owner then
+            mine[#mine + 1] = id
+          else
+            others[w.o] = others[w.o] or {}
+            table.insert(others[w.o], id)
+          end
+        end
+      end
+    end
+  end
+  for o, list in pairs(others) do redis.call('PUBLISH', chan .. o, table.concat(list, ',')) end
+  return mine
+end
+
+local function reply(status, mine, positions, extra)
+  return {status, mine, positions, redis.call('HGETALL', LIMITS),
+          redis.call('HGET', META, 'mean') or '', extra or 0}
+end
+
+if op == 'enqueue' then
+  local id, ttl = ARGV[5], tonumber(ARGV[7])
+  local w = {o = owner, t = ttl, r = cjson.decode(ARGV[6])}
+  local rec = cjson.encode(w)
+  reclaim()
+  if redis.call('ZCARD', QUEUE) == 0 and not quarantined() then
+    -- Nobody queued: the rule reduces to "every resource has a free slot".
+    local fits = true
+    for _, r in ipairs(w.r) do
+      if held_of(r) >= limit_of(r) then fits = false; break end
+    end
+    if fits then
+      make_lease(id, rec, w)
+      return reply('OK', {id}, {})
+    end
+  end
+  add_waiter(id, rec, w)
+  local mine = grant_pass()
+  local rank = redis.call('ZRANK', QUEUE, id)
+  if rank then return reply('OK', mine, {id, rank + 1}) end
+  return reply('OK', mine, {})
+
+elseif op == 'release' then
+  reclaim()
+  local found = drop_lease(ARGV[5])
+  if found then
+    local mean = tonumber(redis.call('HGET', META, 'mean') or '1')
+    redis.call('HSET', META, 'mean', tostring(0.8 * mean + 0.2 * tonumber(ARGV[6])))
+  end
+  return reply('OK', grant_pass(), {}, found and 1 or 0)
+
+elseif op == 'withdraw' then
+  local id, keep = ARGV[5], ARGV[6] == '1'
+  reclaim()
+  local status, position = 'GONE', 0
+  local rank = redis.call('ZRANK', QUEUE, id)
+  if redis.call('HEXISTS', WAITERS, id) == 1 then
+    status = 'WAITING'
+    if rank then position = rank + 1 end
+    drop_waiter(id)
+  elseif redis.call('HEXISTS', LEASES, id) == 1 then
+    status = 'GRANTED'
+    if keep then return reply(status, {}, {}) end
+    drop_lease(id)
+  end
+  return reply(status, grant_pass(), {}, position)
+
+elseif op == 'poll' then
+  reclaim()
+  local mine = grant_pass()
+  local positions = {}
+  for i = 5, #ARGV do
+    local rank = redis.call('ZRANK', QUEUE, ARGV[i])
+    if rank then
+      positions[#positions + 1] = ARGV[i]
+      positions[#positions + 1] = rank + 1
+    elseif redis.call('HEXISTS', LEASES, ARGV[i]) == 1 then
+      mine[#mine + 1] = ARGV[i]                 -- granted earlier; the message was missed
+    end
+  end
+  return reply('OK', mine, positions)
+
+elseif op == 'renew' then
+  local ttl = tonumber(ARGV[5])
+  local missing = {}
+  for i = 6, #ARGV do
+    local id = ARGV[i]
+    if redis.call('ZSCORE', LEXP, id) then
+      redis.call('ZADD', LEXP, now + ttl, id)
+    elseif redis.call('ZSCORE', WEXP, id) then
+      redis.call('ZADD', WEXP, now + ttl, id)
+    else
+      missing[#missing + 1] = id
+    end
+  end
+  return {'OK', missing}
+
+elseif op == 'drop' then
+  reclaim()
+  for i = 5, #ARGV do
+    if not drop_waiter(ARGV[i]) then drop_lease(ARGV[i]) end
+  end
+  return reply('OK', grant_pass(), {})
+
+elseif op == 'set_limits' then
+  for i = 5, #ARGV, 2 do redis.call('HSET', LIMITS, ARGV[i], ARGV[i + 1]) end
+  limits_cache = nil
+  reclaim()
+  return reply('OK', grant_pass(), {})
+
+elseif op == 'snapshot' then
+  reclaim()
+  local mine = grant_pass()
+  local queued, waiting = {}, 0
+  for _, rec in ipairs(redis.call('HVALS', WAITERS)) do
+    waiting = waiting + 1
+    for _, r in ipairs(cjson.decode(rec).r) do queued[r] = (queued[r] or 0) + 1 end
+  end
+  local flat = {}
+  for r, n in pairs(queued) do flat[#flat + 1] = r; flat[#flat + 1] = n end
+  return {'OK', mine, redis.call('HGETALL', HELD), flat, redis.call('HGETALL', LIMITS), waiting}
+
+elseif op == 'secret' then
+  redis.call('HSETNX', META, 'secret', ARGV[5])
+  return {'OK', redis.call('HGET', META, 'secret')}
+
+elseif op == 'restore' then
+  -- ARGV 5 epoch seen before ('' if none), 6 new epoch candidate, 7 ttl_ms, 8 secret,
+  -- then counted lists: limits (name, n), leases (id, resources), waiters (id, resources).
+  local prev, ttl, secret = ARGV[5], tonumber(ARGV[7]), ARGV[8]
+  local current = redis.call('HGET', META, 'epoch')
+  if not current then
+    current = ARGV[6]
+    redis.call('HSET', META, 'epoch', current, 'born', now)
+  end
+  if prev ~= '' and prev ~= current then
+    -- The store lost its state while we held entries in it: grant nothing new until
+    -- every live process has had a lease TTL to re-register its leases.
+    local until_ms = tonumber(redis.call('HGET', META, 'born')) + ttl
+    if until_ms > tonumber(redis.call('HGET', META, 'quarantine') or '0') then
+      redis.call('HSET', META, 'quarantine', until_ms)
+    end
+  end
+  if secret ~= '' then redis.call('HSETNX', META, 'secret', secret) end
+  local i = 9
+  local n = tonumber(ARGV[i]); i = i + 1
+  for _ = 1, n do redis.call('HSETNX', LIMITS, ARGV[i], ARGV[i + 1]); i = i + 2 end
+  n = tonumber(ARGV[i]); i = i + 1
+  for _ = 1, n do
+    local id, w = ARGV[i], {o = owner, t = ttl, r = cjson.decode(ARGV[i + 1])}
+    i = i + 2
+    if redis.call('HEXISTS', LEASES, id) == 0 then
+      drop_waiter(id)
+      make_lease(id, cjson.encode(w), w)
+    end
+  end
+  n = tonumber(ARGV[i]); i = i + 1
+  for _ = 1, n do
+    local id, w = ARGV[i], {o = owner, t = ttl, r = cjson.decode(ARGV[i + 1])}
+    i = i + 2
+    if redis.call('HEXISTS', LEASES, id) == 0 and redis.call('HEXISTS', WAITERS, id) == 0 then
+      add_waiter(id, cjson.encode(w), w)
+    end
+  end
+  return {'OK', current}
+end
+return redis.error_reply('spacepool: unknown op ' .. tostring(op))
+"""
+
+
+class RedisCoordinator(SharedCoordinator):
+    """Admission shared by every process and host that uses one Redis (and prefix)."""
+
+    def __init__(self, url: str, *, lease_ttl_s: float = 15.0) -> None:
+        base_url, prefix, poll_s, timeout_s = _parse_url(url)
+        self.prefix = prefix
+        super().__init__(
+            _RedisStore(
+                base_url,
+                owner=new_id(),
+                lease_ttl_s=lease_ttl_s,
+                prefix=prefix,
+                poll_interval_s=poll_s,
+                timeout_s=timeout_s,
+            ),
+            lease_ttl_s=lease_ttl_s,
+        )
+
+
+def _parse_url(url: str) -> tuple[str, str, float, float]:
+    """Split our options (prefix, poll_ms, timeout_ms) from the redis-py URL."""
+    parts = urlsplit(url)
+    ours = {"prefix": "spacepool:", "poll_ms": "500", "timeout_ms": "1000"}
+    rest: list[tuple[str, str]] = []
+    for key, value in parse_qsl(parts.query, keep_blank_values=True):
+        if key in ours:
+            ours[key] = value
+        else:
+            rest.append((key, value))
+    base = urlunsplit(parts._replace(query=urlencode(rest)))
+    return base, ours["prefix"], float(ours["poll_ms"]) / 1000, float(ours["timeout_ms"]) / 1000
+
+
+class _RedisStore:
+    """One client, one script, one subscriber; see the module docstring."""
+
+    name = "redis"
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        owner: str,
+        lease_ttl_s: float,
+        prefix: str,
+        poll_interval_s: float,
+        timeout_s: float,
+    ) -> None:
+        self.poll_interval_s = poll_interval_s
+        self._where = urlsplit(url).netloc.rpartition("@")[2]
+        self._owner = owner
+        self._ttl_ms = max(1, round(lease_ttl_s * 1000))
+        self._client: Redis = Redis.from_url(
+            url,
+            decode_responses=True,
+            socket_timeout=timeout_s,
+            socket_connect_timeout=timeout_s,
+            retry=Retry(NoBackoff(), 0),
+            health_check_interval=max(5, int(lease_ttl_s)),
+        )
+        self._script = self._client.register_script(_SCRIPT)
+        self._keys = [prefix + k for k in _KEYS]
+        self._channels = prefix + "grants:"
+        self._epoch = ""
+        self._limits_set: dict[str, int] = {}
+        self._secret: str | None = None
+        self._local: LocalEntries | None = None
+
+    def attach(self, local: LocalEntries) -> None:
+        self._local = local
+
+    # -- one script call ------------------------------------------------------------------
+    async def _eval(self, op: str, owner: str, args: Sequence[str | int | float]) -> list[Any]:
+        try:
+            reply = await self._script(
+                keys=self._keys, args=[op, owner, self._epoch, self._channels, *args]
+            )
+        except _UNREACHABLE as exc:
+            raise StoreUnavailable(f"redis {self._where}: {exc}") from exc
+        return cast(list[Any], reply)
+
+    async def _call(self, op: str, *args: str | int | float, owner: str | None = None) -> list[Any]:
+        who = self._owner if owner is None else owner
+        for _ in range(3):
+            reply = await self._eval(op, who, args)
+            if reply[0] != "EPOCH":
+                return reply
+            await self._restore()
+        raise StoreUnavailable(f"redis {self._where}: store epoch keeps changing")
+
+    async def _restore(self) -> None:
+        leases, waiters = self._local.local_entries() if self._local else ([], [])
+        args: list[str | int | float] = [self._epoch, new_id(), self._ttl_ms, self._secret or ""]
+        args.append(len(self._limits_set))
+        for name, limit in self._limits_set.items():
+            args += [name, limit]
+        for entries in (leases, waiters):
+            args.append(len(entries))
+            for key, resources in entries:
+                args += [key, json.dumps(list(resources))]
+        reply = await self._eval("restore", self._owner, args)
+        if self._epoch and reply[1] != self._epoch:
+            _log.warning(
+                "redis admission store %s was reset; re-registered %d lease(s), %d waiter(s)",
+                self._where, len(leases), len(waiters),
+            )
+        self._epoch = str(reply[1])
+
+    # -- SharedStore ----------------------------------------------------------------------
+    async def enqueue(self, waiter_id: str, resources: tuple[str, ...]) -> StoreView:
+        reply = await self._call("enqueue", waiter_id, json.dumps(list(resources)), self._ttl_ms)
+        return _view(reply)
+
+    async def withdraw(self, waiter_id: str, *, keep: bool) -> Withdrawn:
+        reply = await self._call("withdraw", waiter_id, "1" if keep else "0")
+        return Withdrawn(reply[0] == "GRANTED", int(reply[5]), _view(reply))
+
+    async def release(self, lease_id: str, held_s: float) -> StoreView:
+        reply = await self._call("release", lease_id, max(held_s, 0.0))
+        if not reply[5]:
+            _log.warning("lease %s was gone from the store (expired?) at release", lease_id[:8])
+        return _view(reply)
+
+    async def poll(self, waiting: Sequence[str]) -> StoreView:
+        return _view(await self._call("poll", *waiting))
+
+    async def renew(self, ids: Sequence[str]) -> set[str]:
+        reply = await self._call("renew", self._ttl_ms, *ids)
+        return set(reply[1])
+
+    async def drop(self, ids: Sequence[str]) -> None:
+        await self._call("drop", *ids)
+
+    async def set_limits(self, limits: Mapping[str, int]) -> StoreView:
+        self._limits_set.update(limits)  # re-registered if the store is ever reset
+        args: list[str | int] = []
+        for name, limit in limits.items():
+            args += [name, int(limit)]
+        return _view(await self._call("set_limits", *args))
+
+    async def snapshot(self) -> AdmissionSnapshot:
+        # owner "": every grant this pass makes is published, ours included.
+        _, _, held, queued, limits, waiting = await self._call("snapshot", owner="")
+        return AdmissionSnapshot(
+            held=_pairs(held),
+            queued=_pairs(queued),
+            limits=_pairs(limits),
+            waiting=int(waiting),
+            store=self.name,
+        )
+
+    async def shared_secret(self) -> bytes:
+        if self._secret is None:
+            reply = await self._call("secret", secrets.token_hex(32))
+            self._secret = str(reply[1])
+        return bytes.fromhex(self._secret)
+
+    async def watch(
+        self, on_grant: Callable[[Iterable[str]], None], on_resume: Callable[[], None]
+    ) -> None:
+        """The one subscriber of this process; reconnects by itself, forever."""
+        delay = 0.05
+        while True:
+            pubsub = self._client.pubsub()
+            try:
+                await pubsub.subscribe(self._channels + self._owner)
+                on_resume()  # a grant may have been published while we were away
+                delay = 0.05
+                while True:
+                    message = await pubsub.get_message(ignore_subscribe_messages=True,
+                                                       timeout=5.0)
+                    if message is not None and message["type"] == "message":
+                        on_grant(str(message["data"]).split(","))
+            except _UNREACHABLE as exc:
+                _log.debug("admission subscriber lost redis %s: %s", self._where, exc)
+            finally:
+                with contextlib.suppress(*_UNREACHABLE):
+                    await pubsub.aclose()  # type: ignore[no-untyped-call]  # untyped in redis-py
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 1.0)
+
+    async def close(self) -> None:
+        await self._client.aclose()
+
+
+def _pairs(flat: Sequence[Any]) -> dict[str, int]:
+    return {str(flat[i]): int(flat[i + 1]) for i in range(0, len(flat), 2)}
+
+
+def _view(reply: Sequence[Any]) -> StoreView:
+    """``{status, mine, positions, limits, mean, extra}`` as a :class:`StoreView`."""
+    return StoreView(
+        granted=frozenset(reply[1]),
+        positions=_pairs(reply[2]),
+        limits=_pairs(reply[3]),
+        mean_hold_s=float(reply[4]) if reply[4] else None,
+    )
