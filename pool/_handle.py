@@ -30,6 +30,9 @@ class PooledJob:
         self._job = job
         self._handle = handle
         self._future: asyncio.Future[Any] = asyncio.wrap_future(job.future)
+        # A job given up on (deadline, cancel) still finishes with an error later;
+        # mark it retrieved so asyncio does not log "exception was never retrieved".
+        self._future.add_done_callback(_retrieve)
         self._cancelled = False
 
     @property
@@ -90,6 +93,11 @@ class PooledJob:
 
     def __await__(self) -> Any:
         return self.result().__await__()
+
+
+def _retrieve(future: asyncio.Future[Any]) -> None:
+    if not future.cancelled():
+        future.exception()
 
 
 def _quiet_cancel(job: Any) -> None:
