@@ -299,3 +299,24 @@ async def test_stats_have_every_spec_key(clean_fleet: SpaceFleet, make_pool: Poo
     for entry in after["pools"].values():
         assert entry.keys() >= SPEC5_POOL_KEYS
     assert "x@example.com" not in repr(after)
+
+
+async def test_idle_connections_above_minimum_are_closed(
+    clean_fleet: SpaceFleet, make_pool: PoolMaker
+) -> None:
+    """Connections idle longer than the idle timeout are closed down to the minimum."""
+    pool = make_pool(
+        clean_fleet, min_connections=1, max_connections=6, idle_timeout_s=1.0,
+        consumer_max_concurrent=10,
+    )
+
+    async def one(i: int) -> None:
+        async with pool.client(space="alpha") as client:
+            await client.predict(str(i), 0.5, api_name="/echo")
+
+    await asyncio.gather(*(one(i) for i in range(4)))
+    space = pool.spaces["alpha"]
+    assert space.total >= 2
+    await wait_until(lambda: space.total == 1, timeout_s=10)
+    async with pool.client(space="alpha") as client:
+        assert await client.predict("again", 0, api_name="/echo") == "alpha:again"
