@@ -23,9 +23,9 @@ from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from devspaces import SpaceProcess  # noqa: E402
-from pool import Pool, PoolSettings  # noqa: E402
-from pool._connection import close_client  # noqa: E402
+from devspaces import SpaceProcess
+from pool import Pool, PoolSettings
+from pool._connection import close_client
 
 
 def _client(url: str) -> Any:

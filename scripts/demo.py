@@ -16,8 +16,8 @@ from collections import Counter
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from devspaces import SpaceFleet  # noqa: E402
-from pool import Pool, PoolError, PoolSettings  # noqa: E402
+from devspaces import SpaceFleet
+from pool import Pool, PoolError, PoolSettings
 
 
 async def run(args: argparse.Namespace, spaces: str) -> None:
