@@ -201,6 +201,7 @@ class SpacePool:
         self._spawn(self._open())
 
     async def _open(self) -> None:
+        generation = self.generation
         try:
             client = await self._connect()
         except PoolError as exc:
@@ -211,8 +212,11 @@ class SpacePool:
             self._opening -= 1
             raise
         self._opening -= 1
-        if self._closed:
-            await self._close(Connection(client, self.generation))
+        if self._closed or generation != self.generation:
+            # Closed, or marked down / restarted while we were connecting: this
+            # connection belongs to a past generation and proves nothing now.
+            await self._close(Connection(client, generation))
+            self._grow()
             return
         conn = Connection(client, self.generation)
         first = self.opened_total == 0

@@ -101,7 +101,7 @@ async def test_global_cap_holds_at_the_spaces(
 
     async def one(i: int) -> str:
         async with pool.client(f"user{i % 40}@example.com") as client:
-            return str(await client.predict(str(i), 0.3, api_name="/echo"))
+            return str(await client.predict(str(i), 0.6, api_name="/echo"))
 
     results = await asyncio.gather(*(one(i) for i in range(200)))
     assert len(results) == 200
