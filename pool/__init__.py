@@ -34,6 +34,7 @@ from ._exceptions import (
     UpstreamError,
     UpstreamTransportError,
 )
+from ._guard import check_outbound
 from ._handle import PooledClient, PooledJob
 from ._pool import Pool
 from ._settings import PoolSettings
@@ -96,6 +97,7 @@ __all__ = [
     "UpstreamError",
     "UpstreamTransportError",
     "WaitTicket",
+    "check_outbound",
     "get_client",
     "get_pool",
     "parse_space",

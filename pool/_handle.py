@@ -19,6 +19,7 @@ from typing import Any
 from ._connection import Connection
 from ._errors import Classified, classify
 from ._exceptions import DeadlineExceeded, InvalidRequest, MisuseError, UnknownEndpoint
+from ._guard import check_outbound
 
 FailureHook = Callable[[Classified], None]
 
@@ -109,10 +110,17 @@ class PooledClient:
     """Exclusive use of one pooled connection to :attr:`space` for one request."""
 
     def __init__(
-        self, conn: Connection, space: str, on_failure: FailureHook, executor: Executor
+        self,
+        conn: Connection,
+        space: str,
+        on_failure: FailureHook,
+        executor: Executor,
+        *,
+        guard: bool = False,
     ) -> None:
         self._conn: Connection | None = conn
         self._executor = executor
+        self._guard = guard
         self.space = space
         self._on_failure = on_failure
         self._jobs: list[PooledJob] = []
@@ -136,6 +144,8 @@ class PooledClient:
     async def submit(self, *args: Any, api_name: str | None = None, **kwargs: Any) -> PooledJob:
         """Start a job on the Space and return it without waiting for the result."""
         conn = self._live()
+        if self._guard:
+            check_outbound(args, kwargs)
         if api_name is not None:
             names = conn.api_names()
             if api_name not in names:

@@ -199,7 +199,12 @@ class Pool:
         lease, sp, conn = await self._admit_and_checkout(user, space, deadline, ticket)
         started = self._clock()
         outcome = "ok"
-        handle = PooledClient(conn, sp.name, lambda c: self._on_failure(sp, c), self._executor)
+        guard = self.settings.secret_guard == "on" or (
+            self.settings.secret_guard == "auto" and sp.spec.is_hub
+        )
+        handle = PooledClient(
+            conn, sp.name, lambda c: self._on_failure(sp, c), self._executor, guard=guard
+        )
         try:
             yield handle
         except PoolError as exc:

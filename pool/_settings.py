@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import tempfile
+from typing import Literal
 
 from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -36,6 +37,9 @@ class PoolSettings(BaseSettings):
     connect_attempts: int = Field(default=3, ge=1)
     read_timeout_s: float = Field(default=60.0, gt=0)
     client_max_workers: int = Field(default=2, ge=1, le=40)
+    secret_guard: Literal["auto", "on", "off"] = Field(
+        default="auto", description="refuse payloads carrying secrets; auto = Hub Spaces only"
+    )
     user_hash_key: SecretStr | None = None
     admin_token: SecretStr | None = None
     api_token: SecretStr | None = None
