@@ -33,6 +33,7 @@ from ._errors import Classified
 from ._events import Hook, PoolEvent, emit
 from ._exceptions import (
     BusyError,
+    InvalidRequest,
     NoHealthySpaceError,
     PoolClosedError,
     PoolError,
@@ -190,9 +191,7 @@ class Pool:
         """Admission, then an exclusive connection; everything released on exit."""
         await self.start()
         if space is not None and space not in self.spaces:
-            raise NoHealthySpaceError(
-                f"unknown Space {space!r}; configured: {', '.join(self.spaces)}"
-            )
+            raise InvalidRequest(f"unknown Space {space!r}; configured: {', '.join(self.spaces)}")
         user = self.hash_user(email)
         timeout = self.settings.queue_timeout_s if queue_timeout_s is None else queue_timeout_s
         deadline = self._clock() + timeout
