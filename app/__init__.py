@@ -1,0 +1,1 @@
+"""spacepool HTTP service (FastAPI): see app.main."""

@@ -1,0 +1,41 @@
+# spacepool as a Hugging Face Docker Space (SPEC 7).
+#
+# The image holds the library and the service only: no gradio (that is the stand-in
+# Spaces' test dependency), no test extra. scripts/check_docker_recipe.sh performs the
+# same install and start-up steps in a fresh venv, where Docker cannot build.
+FROM python:3.11-slim
+
+ENV PYTHONDONTWRITEBYTECODE=1 \
+    PYTHONUNBUFFERED=1 \
+    PIP_NO_CACHE_DIR=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1
+
+# Hugging Face runs the container as uid 1000: build and run as that user.
+RUN useradd --create-home --uid 1000 user
+USER user
+ENV HOME=/home/user \
+    VIRTUAL_ENV=/home/user/venv \
+    PATH=/home/user/venv/bin:/home/user/.local/bin:$PATH
+WORKDIR /home/user/app
+
+RUN python -m venv /home/user/venv
+COPY --chown=user:user . /home/user/app
+# The project itself, without extras (gradio is only for tests).
+RUN pip install --upgrade pip && pip install /home/user/app
+
+# Admission state shared by every worker in the container (several containers: redis://).
+RUN mkdir -p /tmp/spacepool
+ENV POOL_COORDINATOR_URL=sqlite:////tmp/spacepool/coordinator.db \
+    GRADIO_ANALYTICS_ENABLED=False \
+    HF_HUB_DISABLE_TELEMETRY=1 \
+    PORT=7860
+
+EXPOSE 7860
+
+HEALTHCHECK --interval=30s --timeout=5s --start-period=30s --retries=3 \
+    CMD python -c "import urllib.request as u; u.urlopen('http://127.0.0.1:7860/healthz', timeout=4)" || exit 1
+
+# Shell form so that WEB_CONCURRENCY is expanded; exec so that uvicorn is PID 1 and
+# receives SIGTERM (graceful shutdown: jobs cancelled, leases released). Open SSE
+# streams get 5 s to finish before the shutdown goes on without them.
+CMD exec uvicorn app.main:app --host 0.0.0.0 --port 7860 --workers ${WEB_CONCURRENCY:-1} --timeout-graceful-shutdown 5

@@ -1,0 +1,130 @@
+"""``python -m app``: run the service on this machine, with demo Spaces if none are set.
+
+    python -m app [--host 127.0.0.1] [--port 7860]      (PORT in the environment also works)
+
+* ``POOL_SPACES`` unset: two local stand-in Spaces (``devspaces.SpaceFleet(2)``, real
+  Gradio apps; needs the ``test`` extra and the checkout as the working directory)
+  are started first and ``POOL_SPACES`` points at them.
+* ``POOL_ADMIN_TOKEN`` unset: a random one is generated and printed once, here — the
+  operator's own terminal is the one place a token may be shown.
+* ``POOL_COORDINATOR_URL`` unset: ``memory://`` (this command runs one process).
+
+Prints the URL and ready-to-paste curl commands, serves until Ctrl-C, then stops the
+demo Spaces.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import secrets
+import signal
+import sys
+from collections.abc import Iterator, Sequence
+from types import FrameType
+
+import uvicorn
+
+
+@contextlib.contextmanager
+def _demo_spaces() -> Iterator[None]:
+    """Start two stand-in Spaces when POOL_SPACES is not set; stop them on the way out."""
+    if os.environ.get("POOL_SPACES", "").strip():
+        yield
+        return
+    sys.path.insert(0, os.getcwd())
+    try:
+        from devspaces import SpaceFleet  # imported lazily: test-only, needs gradio
+    except ImportError as exc:
+        raise SystemExit(
+            "POOL_SPACES is not set and the demo Spaces cannot start "
+            f"({exc}); run from the checkout with the test extra installed, "
+            "or set POOL_SPACES"
+        ) from exc
+    print("POOL_SPACES is not set: starting 2 local demo Spaces (alpha, beta)...", flush=True)
+    with SpaceFleet(2) as fleet:
+        os.environ["POOL_SPACES"] = fleet.pool_spaces_env()
+        print(f"  POOL_SPACES={os.environ['POOL_SPACES']}", flush=True)
+        try:
+            yield
+        finally:
+            print("stopping the demo Spaces...", flush=True)
+    os.environ.pop("POOL_SPACES", None)
+
+
+def _admin_token() -> str | None:
+    """The admin token to show once, if we had to make one."""
+    if os.environ.get("POOL_ADMIN_TOKEN", "").strip():
+        return None
+    token = secrets.token_urlsafe(24)
+    os.environ["POOL_ADMIN_TOKEN"] = token
+    return token
+
+
+def _banner(url: str, generated_token: str | None) -> str:
+    api_auth = (
+        ' -H "Authorization: Bearer $POOL_API_TOKEN"'
+        if os.environ.get("POOL_API_TOKEN", "").strip()
+        else ""
+    )
+    lines = [
+        "",
+        f"spacepool is starting on {url}   (Ctrl-C to stop)",
+        f"  API docs:   {url}/docs",
+    ]
+    if generated_token is not None:
+        lines += [
+            "  POOL_ADMIN_TOKEN was not set; generated for this run (shown only here):",
+            f"    export POOL_ADMIN_TOKEN={generated_token}",
+        ]
+    lines += [
+        "",
+        "Try:",
+        f"  curl -s -X POST {url}/api/predict{api_auth} \\",
+        "       -H 'Content-Type: application/json' \\",
+        """       -d '{"email": "you@example.com", "api_name": "/echo", "args": ["hello", 0]}'""",
+        f'  curl -s {url}/api/admin/pool-stats -H "Authorization: Bearer $POOL_ADMIN_TOKEN"',
+        f"  curl -s {url}/metrics",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def _stop(signum: int, frame: FrameType | None) -> None:
+    raise KeyboardInterrupt
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m app", description=__doc__.split("\n")[0])
+    parser.add_argument("--host", default=os.environ.get("HOST", "127.0.0.1"))
+    parser.add_argument("--port", type=int, default=int(os.environ.get("PORT", "7860")))
+    args = parser.parse_args(argv)
+    os.environ.setdefault("POOL_COORDINATOR_URL", "memory://")
+    generated = _admin_token()
+    url = f"http://{args.host}:{args.port}"
+    with _demo_spaces():
+        print(_banner(url, generated), flush=True)
+        config = uvicorn.Config(
+            "app.main:app",
+            host=args.host,
+            port=args.port,
+            log_level="info",
+            access_log=False,
+            # An open SSE stream would otherwise hold the shutdown until its job ends.
+            timeout_graceful_shutdown=5,
+        )
+        server = uvicorn.Server(config)
+        # uvicorn re-raises the signal that stopped it once it is done: turn SIGTERM,
+        # like Ctrl-C, into an exception here so that the demo Spaces are stopped.
+        signal.signal(signal.SIGTERM, _stop)
+        with contextlib.suppress(KeyboardInterrupt):
+            server.run()
+        if not server.started:
+            print("the server did not start (see the log above)", file=sys.stderr)
+            return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,249 @@
+"""The HTTP endpoints (SPEC 5), written the way a user's own handlers would use the pool.
+
+Handlers do the happy path only: ``get_pool().client(...)`` then ``predict``. Every
+failure is an exception that :mod:`app._errors` answers, so no handler builds an error
+response itself. A handler fills in the request's log context (Space, queued time,
+hashed user) for the one access-log line.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fastapi import APIRouter, Depends, Header, Request, Response
+from fastapi.responses import JSONResponse, StreamingResponse
+
+from pool import DeadlineExceeded, Pool, get_pool
+
+from . import _metrics
+from ._auth import require_admin_token, require_api_token
+from ._errors import JobNotFound, UnknownSpace
+from ._jobs import JobRunner
+from ._logging import context_of
+from ._schemas import (
+    FINAL_STAGES,
+    JobCreated,
+    JobView,
+    PredictRequest,
+    PredictResponse,
+    to_jsonable,
+)
+from ._schemas import ErrorBody as _ErrorBody
+from ._settings import ServiceSettings
+
+_log = logging.getLogger("spacepool.app")
+KEEPALIVE_S = 15.0
+
+_ERRORS: dict[int | str, dict[str, Any]] = {
+    code: {"model": _ErrorBody, "description": text}
+    for code, text in {
+        401: "missing or wrong bearer token",
+        404: "unknown job",
+        413: "body too large",
+        422: "invalid body, unknown api_name or Space, refused by policy",
+        502: "the Space failed",
+        503: "busy (Retry-After), no healthy Space, shutting down",
+        504: "deadline exceeded",
+    }.items()
+}
+
+router = APIRouter()
+api = APIRouter(dependencies=[Depends(require_api_token)])
+admin = APIRouter(dependencies=[Depends(require_admin_token)])
+
+
+def _settings(request: Request) -> ServiceSettings:
+    settings: ServiceSettings = request.app.state.settings
+    return settings
+
+
+def _runner(request: Request) -> JobRunner:
+    runner: JobRunner = request.app.state.jobs
+    return runner
+
+
+def _prepare(request: Request, body: PredictRequest) -> Pool:
+    """The pool, after the checks the pool would answer less precisely."""
+    pool = get_pool()
+    if body.space is not None and body.space not in pool.spaces:
+        raise UnknownSpace(body.space, sorted(pool.spaces))
+    context_of(request).user = pool.hash_user(body.email)
+    return pool
+
+
+@router.get("/healthz", tags=["service"])
+async def healthz() -> dict[str, str]:
+    """Liveness: the process answers. Does not contact any Space."""
+    return {"status": "ok"}
+
+
+@router.get("/", tags=["service"], include_in_schema=False)
+async def index() -> dict[str, Any]:
+    """Where to go from here."""
+    return {
+        "service": "spacepool",
+        "docs": "/docs",
+        "endpoints": ["/api/predict", "/api/jobs", "/api/admin/pool-stats", "/metrics"],
+    }
+
+
+@api.post("/api/predict", response_model=PredictResponse, responses=_ERRORS, tags=["predict"])
+async def predict(body: PredictRequest, request: Request) -> PredictResponse:
+    """Run one predict on a pooled connection and return its result."""
+    settings = _settings(request)
+    pool = _prepare(request, body)
+    ctx = context_of(request)
+    timeout = body.timeout_s or settings.predict_timeout_s
+    started = time.monotonic()
+    deadline = started + timeout
+    async with pool.client(
+        body.email,
+        space=body.space,
+        queue_timeout_s=min(pool.settings.queue_timeout_s, timeout),
+    ) as client:
+        admitted = time.monotonic()
+        queued_ms = round((admitted - started) * 1000, 1)
+        ctx.space, ctx.queued_ms = client.space, queued_ms
+        remaining = deadline - admitted
+        if remaining <= 0:
+            raise DeadlineExceeded("the deadline passed while queued")
+        result = await client.predict(
+            *body.args, api_name=body.api_name, timeout=remaining, **body.kwargs
+        )
+        duration_ms = round((time.monotonic() - admitted) * 1000, 1)
+    return PredictResponse(
+        space=client.space,
+        result=to_jsonable(result),
+        queued_ms=queued_ms,
+        duration_ms=duration_ms,
+    )
+
+
+@api.post(
+    "/api/jobs",
+    status_code=202,
+    response_model=JobCreated,
+    responses=_ERRORS,
+    tags=["jobs"],
+)
+async def create_job(body: PredictRequest, request: Request, response: Response) -> JobCreated:
+    """Start a predict in the background; follow it with GET or its SSE events."""
+    _prepare(request, body)
+    record = await _runner(request).submit(body)
+    url = f"/api/jobs/{record.job_id}"
+    response.headers["Location"] = url
+    return JobCreated(job_id=record.job_id, stage="queued", url=url, events_url=f"{url}/events")
+
+
+@api.get("/api/jobs/{job_id}", response_model=JobView, responses=_ERRORS, tags=["jobs"])
+async def get_job(job_id: str, request: Request) -> JSONResponse:
+    """The job's stage, and its result or error once it has one."""
+    record = await _runner(request).store.get(job_id)
+    if record is None:
+        raise JobNotFound(f"no job {job_id[:64]!r} here (unknown or expired)")
+    context_of(request).space = record.space
+    return JSONResponse(record.view())
+
+
+@api.delete("/api/jobs/{job_id}", response_model=JobView, responses=_ERRORS, tags=["jobs"])
+async def cancel_job(job_id: str, request: Request) -> JSONResponse:
+    """Cancel the job, upstream too; its slot is free when this returns.
+
+    A job that already finished is left as it is (the answer shows its final stage).
+    """
+    runner = _runner(request)
+    if await runner.store.get(job_id) is None:
+        raise JobNotFound(f"no job {job_id[:64]!r} here (unknown or expired)")
+    record = await runner.cancel(job_id)
+    if record is None:
+        raise JobNotFound(f"no job {job_id[:64]!r} here (unknown or expired)")
+    return JSONResponse(record.view())
+
+
+@api.get(
+    "/api/jobs/{job_id}/events",
+    responses={
+        200: {"content": {"text/event-stream": {}}, "description": "one event per change"},
+        **_ERRORS,
+    },
+    response_class=StreamingResponse,
+    tags=["jobs"],
+)
+async def job_events(
+    job_id: str,
+    request: Request,
+    last_event_id: str | None = Header(default=None, max_length=32),
+) -> StreamingResponse:
+    """Server-Sent Events: the job's JSON at every change; ends after a final stage."""
+    runner = _runner(request)
+    record = await runner.store.get(job_id)
+    if record is None:
+        raise JobNotFound(f"no job {job_id[:64]!r} here (unknown or expired)")
+    after: int | None = None
+    if last_event_id is not None and last_event_id.strip().isdigit():
+        after = int(last_event_id.strip())
+    return StreamingResponse(
+        _event_stream(runner, job_id, after),
+        media_type="text/event-stream",
+        headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+    )
+
+
+def _sse(view: dict[str, Any]) -> bytes:
+    return f"id: {view['version']}\ndata: {json.dumps(view)}\n\n".encode()
+
+
+async def _event_stream(runner: JobRunner, job_id: str, after: int | None) -> AsyncIterator[bytes]:
+    yield b"retry: 2000\n\n"
+    store = runner.store
+    record = await store.get(job_id)
+    if record is None:
+        return
+    if after is None or after > record.version:
+        yield _sse(record.view())
+        after = record.version
+    # A client resuming behind the current version first gets what it missed.
+    final = record.final and after >= record.version
+    while not final:
+        views = await store.changes(job_id, after, timeout=KEEPALIVE_S)
+        if views is None:
+            return
+        if not views:
+            yield b": keepalive\n\n"
+            continue
+        for view in views:
+            yield _sse(view)
+            after = int(view["version"])
+            final = view["stage"] in FINAL_STAGES
+
+
+@admin.get("/api/admin/pool-stats", responses=_ERRORS, tags=["admin"])
+async def pool_stats() -> dict[str, Any]:
+    """The pool's statistics (SPEC 5 keys, plus admission)."""
+    stats: dict[str, Any] = await get_pool().stats()
+    return stats
+
+
+@router.get(
+    "/metrics",
+    response_class=Response,
+    responses={200: {"content": {"text/plain": {}}, "description": "Prometheus text"}},
+    tags=["service"],
+)
+async def metrics(request: Request) -> Response:
+    """Prometheus exposition: hook-fed counters plus gauges read from pool stats now."""
+    try:
+        stats: dict[str, Any] = await get_pool().stats()
+    except Exception:
+        _log.warning("pool stats unavailable for /metrics", exc_info=True)
+        stats = {}
+    jobs = await _runner(request).store.counts()
+    return Response(_metrics.render(stats, jobs), media_type=_metrics.CONTENT_TYPE)
+
+
+router.include_router(api)
+router.include_router(admin)

@@ -1,0 +1,204 @@
+"""The one place where errors become HTTP answers (STYLE rule 7).
+
+:func:`describe` maps every exception the service knows — the pool's tree, the
+service's own (auth, unknown Space, unknown job), request validation and HTTP
+errors — to a :class:`Problem`: status, JSON body, headers and the outcome class the
+access log and metrics record. The exception handlers and the job runner (a job's
+``error``) both use it, so a failure reads the same whether it came back from
+``/api/predict`` or from a job.
+
+Bodies never carry a stack trace, a request payload or a secret: validation errors
+drop pydantic's ``input``, policy refusals give only their reason code.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from pool import (
+    BusyError,
+    DeadlineExceeded,
+    InvalidRequest,
+    NoHealthySpaceError,
+    PoolClosedError,
+    PoolError,
+    RefusedByPolicy,
+    UnknownEndpoint,
+    UpstreamError,
+)
+
+from ._logging import context_of
+
+_log = logging.getLogger("spacepool.app")
+
+_HTTP_CODES = {
+    400: "bad_request",
+    404: "not_found",
+    405: "method_not_allowed",
+    413: "too_large",
+    415: "unsupported_media_type",
+}
+
+
+class ServiceError(Exception):
+    """Base of the errors the HTTP layer raises itself."""
+
+
+class AuthError(ServiceError):
+    """Missing or wrong bearer token (401), or an endpoint switched off (403)."""
+
+    def __init__(self, status: int, code: str, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.code = code
+
+
+class UnknownSpace(ServiceError):
+    """A ``space`` that is not configured."""
+
+    def __init__(self, name: str, available: list[str]) -> None:
+        super().__init__(f"unknown space {name!r}; configured: {', '.join(available)}")
+        self.available = available
+
+
+class JobNotFound(ServiceError):
+    """No such job here (never created, expired, or created by another worker)."""
+
+
+class JobsFull(ServiceError):
+    """The job store holds ``POOL_JOB_MAX`` jobs that are all still running."""
+
+    def __init__(self, limit: int, retry_after_s: float) -> None:
+        super().__init__(f"{limit} jobs are in progress; try again later")
+        self.retry_after_s = retry_after_s
+
+
+@dataclass(frozen=True)
+class Problem:
+    """How one error is answered."""
+
+    status: int
+    body: dict[str, Any]
+    outcome: str
+    headers: dict[str, str] = field(default_factory=dict)
+
+
+def _retry_after(seconds: float) -> int:
+    """Integer seconds, at least 1 (the ``Retry-After`` header's form)."""
+    if not math.isfinite(seconds):
+        return 1
+    return max(1, math.ceil(seconds))
+
+
+def describe(exc: BaseException, *, no_space_retry_s: float = 10.0) -> Problem:
+    """The answer for ``exc``; anything unknown is a bare 500 ``internal``."""
+    if isinstance(exc, BusyError):
+        retry = _retry_after(exc.retry_after_s)
+        body = {
+            "error": "busy",
+            "reason": exc.reason,
+            "queue_position": exc.queue_position,
+            "retry_after_s": retry,
+            "message": "no capacity within the queue deadline; retry later",
+        }
+        return Problem(503, body, "busy", {"Retry-After": str(retry)})
+    if isinstance(exc, NoHealthySpaceError):
+        retry = _retry_after(no_space_retry_s)
+        body = {"error": "no_healthy_space", "message": str(exc), "retry_after_s": retry}
+        return Problem(503, body, "no_healthy_space", {"Retry-After": str(retry)})
+    if isinstance(exc, PoolClosedError):
+        body = {"error": "shutting_down", "message": "the service is shutting down"}
+        return Problem(503, body, "shutting_down", {"Retry-After": "1"})
+    if isinstance(exc, DeadlineExceeded):
+        return Problem(504, {"error": "deadline", "message": str(exc)}, "deadline")
+    if isinstance(exc, RefusedByPolicy):
+        # The message could quote what was refused: give the reason code only.
+        body = {
+            "error": "refused",
+            "reason": exc.reason,
+            "message": f"refused before sending ({exc.reason})",
+        }
+        return Problem(422, body, "refused")
+    if isinstance(exc, UnknownEndpoint):
+        body = {
+            "error": "unknown_api_name",
+            "message": str(exc),
+            "api_name": exc.api_name,
+            "available": exc.available,
+        }
+        return Problem(422, body, "unknown_api_name")
+    if isinstance(exc, InvalidRequest):
+        return Problem(422, {"error": "invalid_request", "message": str(exc)}, "invalid_request")
+    if isinstance(exc, UpstreamError):
+        body = {"error": "upstream", "kind": exc.kind, "message": str(exc)}
+        return Problem(502, body, f"upstream_{exc.kind}")
+    if isinstance(exc, AuthError):
+        body = {"error": exc.code, "message": str(exc)}
+        return Problem(exc.status, body, exc.code, {"WWW-Authenticate": "Bearer"})
+    if isinstance(exc, UnknownSpace):
+        body = {"error": "unknown_space", "message": str(exc), "available": exc.available}
+        return Problem(422, body, "unknown_space")
+    if isinstance(exc, JobNotFound):
+        return Problem(404, {"error": "job_not_found", "message": str(exc)}, "job_not_found")
+    if isinstance(exc, JobsFull):
+        retry = _retry_after(exc.retry_after_s)
+        body = {
+            "error": "busy",
+            "reason": "jobs_full",
+            "queue_position": 0,
+            "retry_after_s": retry,
+            "message": str(exc),
+        }
+        return Problem(503, body, "busy", {"Retry-After": str(retry)})
+    if isinstance(exc, RequestValidationError):
+        detail = [
+            {"loc": list(err.get("loc", ())), "msg": err.get("msg", ""), "type": err.get("type")}
+            for err in exc.errors()
+        ]
+        body = {"error": "invalid_body", "message": "the request is invalid", "detail": detail}
+        return Problem(422, body, "invalid_body")
+    if isinstance(exc, StarletteHTTPException):
+        code = _HTTP_CODES.get(exc.status_code, f"http_{exc.status_code}")
+        body = {"error": code, "message": str(exc.detail)}
+        return Problem(exc.status_code, body, code, dict(exc.headers or {}))
+    kind = exc.kind if isinstance(exc, PoolError) else type(exc).__name__
+    return Problem(500, {"error": "internal", "message": "internal error"}, f"internal_{kind}")
+
+
+def internal_error(request_id: str) -> tuple[int, bytes]:
+    """The 500 answer of last resort (used by the access log middleware)."""
+    body = {"error": "internal", "message": "internal error", "request_id": request_id}
+    return 500, json.dumps(body).encode()
+
+
+def install(app: FastAPI, *, no_space_retry_s: float) -> None:
+    """Register the handlers: one function for every exception class we answer."""
+
+    async def handle(request: Request, exc: Exception) -> JSONResponse:
+        problem = describe(exc, no_space_retry_s=no_space_retry_s)
+        ctx = context_of(request)
+        ctx.outcome = problem.outcome
+        if problem.status >= 500 and problem.body.get("error") == "internal":
+            _log.error(
+                "unexpected %s", type(exc).__name__, exc_info=exc,
+                extra={"request_id": ctx.request_id},
+            )  # fmt: skip
+        body = {**problem.body, "request_id": ctx.request_id}
+        return JSONResponse(body, status_code=problem.status, headers=problem.headers)
+
+    for exc_class in (
+        PoolError,
+        ServiceError,
+        RequestValidationError,
+        StarletteHTTPException,
+    ):
+        app.add_exception_handler(exc_class, handle)

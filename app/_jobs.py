@@ -1,0 +1,351 @@
+"""Jobs: long predicts run in the background and followed by polling or SSE.
+
+Two parts, kept apart so that a later change can move jobs into the shared
+coordinator store (readable from every worker) without touching the runner or the API:
+
+* :class:`JobStore` — the tiny interface: ``add``, ``get``, ``update``, ``changes``,
+  ``counts``. :class:`MemoryJobStore` is the in-process one: one dict, a short history of
+  views per job (so that SSE sends one event per change), retention of finished jobs for
+  ``POOL_JOB_RETENTION_S`` and at most ``POOL_JOB_MAX`` jobs in all.
+* :class:`JobRunner` — runs each job as an asyncio task of the worker that accepted it,
+  using the pool exactly as a handler would (``get_pool().client(...)`` then
+  ``predict``). The task never depends on the HTTP connection that created it.
+  ``cancel`` cancels the task: the pool cancels the upstream job and frees the slot
+  on the way out.
+
+Stages (``GET /api/jobs/{id}``)::
+
+    queued ──► running ──► done
+       │          ├──────► failed      (error: the same JSON as the HTTP error)
+       └──────────┴──────► cancelled   (DELETE, or the service shutting down)
+
+``waking`` is reserved for a Space that the pool reports as waking up; the pool does
+not report that yet. A final stage is sticky: later updates are ignored, which settles
+a cancel racing a finish.
+
+With the in-process store a job is visible only in the worker that created it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import secrets
+import time
+from collections import OrderedDict, deque
+from collections.abc import Callable
+from dataclasses import dataclass, field, fields, replace
+from datetime import UTC, datetime
+from typing import Any, Protocol
+
+from pool import DeadlineExceeded, WaitTicket, get_pool
+
+from ._errors import JobsFull, describe
+from ._schemas import FINAL_STAGES, PredictRequest, to_jsonable
+from ._settings import ServiceSettings
+
+_log = logging.getLogger("spacepool.app")
+_HISTORY = 32
+_QUEUE_POLL_S = 0.2
+
+
+def _iso(ts: float) -> str:
+    return datetime.fromtimestamp(ts, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+@dataclass(frozen=True)
+class JobRecord:
+    """One job's state; a new record (``version + 1``) for every change."""
+
+    job_id: str
+    stage: str
+    created_at: float
+    updated_at: float
+    version: int = 1
+    queue_position: int | None = None
+    estimate_s: float | None = None
+    space: str | None = None
+    result: Any = None
+    error: dict[str, Any] | None = None
+    queued_ms: float | None = None
+    duration_ms: float | None = None
+
+    @property
+    def final(self) -> bool:
+        return self.stage in FINAL_STAGES
+
+    def view(self) -> dict[str, Any]:
+        """The public JSON: optional keys only when they mean something."""
+        out: dict[str, Any] = {
+            "job_id": self.job_id,
+            "stage": self.stage,
+            "version": self.version,
+            "created_at": _iso(self.created_at),
+            "updated_at": _iso(self.updated_at),
+        }
+        if self.stage == "queued" and self.queue_position:
+            out["queue_position"] = self.queue_position
+            if self.estimate_s is not None:
+                out["estimate_s"] = self.estimate_s
+        for key in ("space", "queued_ms", "duration_ms", "error"):
+            value = getattr(self, key)
+            if value is not None:
+                out[key] = value
+        if self.stage == "done":
+            out["result"] = self.result
+        return out
+
+
+_FIELDS = frozenset(f.name for f in fields(JobRecord))
+
+
+class JobStore(Protocol):
+    """Where jobs live. In-process today; the coordinator's store later."""
+
+    async def add(self, record: JobRecord) -> None:
+        """Keep a new job; :class:`~app._errors.JobsFull` when no room can be made."""
+        ...
+
+    async def get(self, job_id: str) -> JobRecord | None: ...
+
+    async def update(
+        self, job_id: str, *, expect_stage: str | None = None, **changes: Any
+    ) -> JobRecord | None:
+        """Apply ``changes`` (if the stage is still ``expect_stage``); no-op once final."""
+        ...
+
+    async def changes(
+        self, job_id: str, after_version: int, timeout: float
+    ) -> list[dict[str, Any]] | None:
+        """Views newer than ``after_version``, waiting up to ``timeout`` for one.
+
+        ``[]`` on timeout; None once the job is unknown (expired or never existed).
+        """
+        ...
+
+    async def counts(self) -> dict[str, int]: ...
+
+
+@dataclass
+class _Entry:
+    record: JobRecord
+    history: deque[dict[str, Any]] = field(default_factory=lambda: deque(maxlen=_HISTORY))
+    changed: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def since(self, version: int) -> list[dict[str, Any]]:
+        return [view for view in self.history if view["version"] > version]
+
+
+class MemoryJobStore:
+    """Jobs of this process: retention by age of finished jobs and a bound on count."""
+
+    def __init__(
+        self, *, retention_s: float, max_jobs: int, clock: Callable[[], float] = time.time
+    ) -> None:
+        self.retention_s = retention_s
+        self.max_jobs = max_jobs
+        self._clock = clock
+        self._entries: dict[str, _Entry] = {}
+        self._finished: OrderedDict[str, float] = OrderedDict()  # job_id → finished at
+
+    # -- state changes: plain methods, no await -------------------------------------------
+    def _prune(self) -> None:
+        """Drop finished jobs past retention (oldest first)."""
+        horizon = self._clock() - self.retention_s
+        while self._finished:
+            job_id, finished_at = next(iter(self._finished.items()))
+            if finished_at > horizon:
+                break
+            self._drop(job_id)
+
+    def _drop(self, job_id: str) -> None:
+        self._finished.pop(job_id, None)
+        entry = self._entries.pop(job_id, None)
+        if entry is not None:
+            entry.changed.set()  # wake watchers: they will find the job gone
+
+    def _live(self, job_id: str) -> _Entry | None:
+        self._prune()
+        return self._entries.get(job_id)
+
+    def _add(self, record: JobRecord) -> None:
+        self._prune()
+        while len(self._entries) >= self.max_jobs and self._finished:
+            self._drop(next(iter(self._finished)))
+        if len(self._entries) >= self.max_jobs:
+            raise JobsFull(self.max_jobs, retry_after_s=10.0)
+        entry = _Entry(record)
+        entry.history.append(record.view())
+        self._entries[record.job_id] = entry
+
+    def _update(
+        self, job_id: str, expect_stage: str | None, changes: dict[str, Any]
+    ) -> JobRecord | None:
+        entry = self._live(job_id)
+        if entry is None:
+            return None
+        old = entry.record
+        if old.final or (expect_stage is not None and old.stage != expect_stage):
+            return old
+        unknown = set(changes) - _FIELDS
+        if unknown:
+            raise TypeError(f"unknown job fields: {sorted(unknown)}")
+        new = replace(old, **changes, version=old.version + 1, updated_at=self._clock())
+        if new == replace(old, version=new.version, updated_at=new.updated_at):
+            return old  # nothing changed: no event
+        entry.record = new
+        entry.history.append(new.view())
+        if new.final:
+            self._finished[job_id] = new.updated_at
+        entry.changed, wake = asyncio.Event(), entry.changed
+        wake.set()
+        return new
+
+    # -- the interface ------------------------------------------------------------------
+    async def add(self, record: JobRecord) -> None:
+        self._add(record)
+
+    async def get(self, job_id: str) -> JobRecord | None:
+        entry = self._live(job_id)
+        return entry.record if entry else None
+
+    async def update(
+        self, job_id: str, *, expect_stage: str | None = None, **changes: Any
+    ) -> JobRecord | None:
+        return self._update(job_id, expect_stage, changes)
+
+    async def changes(
+        self, job_id: str, after_version: int, timeout: float
+    ) -> list[dict[str, Any]] | None:
+        entry = self._live(job_id)
+        if entry is None:
+            return None
+        pending = entry.since(after_version)
+        if pending or timeout <= 0:
+            return pending
+        wake = entry.changed
+        try:
+            async with asyncio.timeout(timeout):
+                await wake.wait()
+        except TimeoutError:
+            return []
+        entry = self._live(job_id)
+        return entry.since(after_version) if entry else None
+
+    async def counts(self) -> dict[str, int]:
+        self._prune()
+        out: dict[str, int] = {}
+        for entry in self._entries.values():
+            out[entry.record.stage] = out.get(entry.record.stage, 0) + 1
+        return out
+
+
+class JobRunner:
+    """Starts, follows and cancels this worker's jobs."""
+
+    def __init__(self, store: JobStore, settings: ServiceSettings) -> None:
+        self.store = store
+        self.settings = settings
+        self._tasks: dict[str, asyncio.Task[None]] = {}
+        self._closing = False
+
+    async def submit(self, body: PredictRequest) -> JobRecord:
+        """Record the job as queued and start its task; returns at once."""
+        now = time.time()
+        record = JobRecord(secrets.token_urlsafe(16), "queued", created_at=now, updated_at=now)
+        await self.store.add(record)
+        task = asyncio.get_running_loop().create_task(
+            self._run(record.job_id, body), name=f"job-{record.job_id[:8]}"
+        )
+        self._tasks[record.job_id] = task
+        task.add_done_callback(lambda _: self._tasks.pop(record.job_id, None))
+        return record
+
+    async def cancel(self, job_id: str) -> JobRecord | None:
+        """Cancel the job (upstream too) and wait until its slot is given back."""
+        task = self._tasks.get(job_id)
+        if task is not None:
+            task.cancel()
+            await asyncio.wait({task}, timeout=10.0)
+        await self.store.update(
+            job_id, stage="cancelled", error={"error": "cancelled", "message": "cancelled"}
+        )
+        return await self.store.get(job_id)
+
+    async def aclose(self) -> None:
+        """Cancel every job still running (the service is stopping)."""
+        self._closing = True
+        tasks = list(self._tasks.values())
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            await asyncio.wait(tasks, timeout=10.0)
+
+    async def _run(self, job_id: str, body: PredictRequest) -> None:
+        s = self.settings
+        started = time.monotonic()
+        timeout = body.timeout_s or s.job_timeout_s
+        deadline = started + timeout
+        ticket = WaitTicket()
+        follower = asyncio.get_running_loop().create_task(self._follow_queue(job_id, ticket))
+        try:
+            pool = get_pool()
+            try:
+                async with pool.client(
+                    body.email,
+                    space=body.space,
+                    queue_timeout_s=min(s.job_queue_timeout_s, timeout),
+                    ticket=ticket,
+                ) as client:
+                    follower.cancel()
+                    admitted = time.monotonic()
+                    await self.store.update(
+                        job_id,
+                        stage="running",
+                        space=client.space,
+                        queue_position=None,
+                        estimate_s=None,
+                        queued_ms=round((admitted - started) * 1000, 1),
+                    )
+                    remaining = deadline - admitted
+                    if remaining <= 0:
+                        raise DeadlineExceeded("the deadline passed while queued")
+                    result = await client.predict(
+                        *body.args, api_name=body.api_name, timeout=remaining, **body.kwargs
+                    )
+                    duration_ms = round((time.monotonic() - admitted) * 1000, 1)
+            finally:
+                follower.cancel()
+            await self.store.update(
+                job_id, stage="done", result=to_jsonable(result), duration_ms=duration_ms
+            )
+        except asyncio.CancelledError:
+            reason = "the service is shutting down" if self._closing else "cancelled"
+            await self.store.update(
+                job_id, stage="cancelled", error={"error": "cancelled", "message": reason}
+            )
+            raise
+        except Exception as exc:
+            problem = describe(exc, no_space_retry_s=s.busy_retry_after_s)
+            if problem.body.get("error") == "internal":
+                _log.error("job failed unexpectedly", exc_info=exc, extra={"job_id": job_id})
+            await self.store.update(
+                job_id, stage="failed", error={**problem.body, "status": problem.status}
+            )
+
+    async def _follow_queue(self, job_id: str, ticket: WaitTicket) -> None:
+        """While queued: copy the ticket's position and estimate into the job."""
+        seen: tuple[int, int] | None = None
+        while True:
+            position = ticket.position
+            estimate = round(ticket.estimate_s, 1) if position else None
+            key = (position, round(estimate or 0))
+            if key != seen:
+                seen = key
+                await self.store.update(
+                    job_id,
+                    expect_stage="queued",
+                    queue_position=position or None,
+                    estimate_s=estimate,
+                )
+            await asyncio.sleep(_QUEUE_POLL_S)

@@ -1,0 +1,183 @@
+"""Request and response bodies of the HTTP API, with every limit a caller can hit.
+
+Everything a caller sends is bounded here, so that no body can reach the pool (or
+a Space) in a shape that would make the service fail with a 500: field lengths, the
+``api_name`` shape, the number, size and nesting of ``args``/``kwargs``, finite
+numbers only, and ``0 < timeout_s <= 3600``. The whole body is also capped in bytes
+before it is parsed (:mod:`app._limits`).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from ._settings import MAX_TIMEOUT_S
+
+Stage = Literal["queued", "waking", "running", "done", "failed", "cancelled"]
+FINAL_STAGES: frozenset[str] = frozenset({"done", "failed", "cancelled"})
+
+MAX_ARGS = 64
+MAX_KWARGS = 64
+MAX_DEPTH = 32
+MAX_PAYLOAD_BYTES = 512 * 1024
+# Keyword names gradio_client's submit() takes for itself: a caller must not reach them.
+RESERVED_KWARGS = frozenset({"api_name", "fn_index", "headers", "result_callbacks", "timeout"})
+
+API_NAME_PATTERN = r"^/?[A-Za-z_][A-Za-z0-9_.-]{0,127}$"
+SPACE_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$"
+EMAIL_PATTERN = r"^[^@\s]{1,64}@[^@\s]{1,189}$"
+KWARG_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]{0,63}$"
+
+
+def json_problem(value: Any) -> str | None:
+    """Why ``value`` (parsed JSON) cannot be sent on, or None: depth and finite numbers.
+
+    Iterative, so that a deeply nested body cannot exhaust the Python stack.
+    """
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, float) and not math.isfinite(item):
+            return "numbers must be finite (no NaN or Infinity)"
+        if isinstance(item, (list, dict)):
+            if depth > MAX_DEPTH:
+                return f"nested deeper than {MAX_DEPTH} levels"
+            children = item.values() if isinstance(item, dict) else item
+            stack.extend((child, depth + 1) for child in children)
+    return None
+
+
+class PredictRequest(BaseModel):
+    """Body of ``POST /api/predict`` and ``POST /api/jobs``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    email: str | None = Field(
+        default=None,
+        max_length=254,
+        pattern=EMAIL_PATTERN,
+        description="the caller's user; pins them to one Space. Absent: anonymous",
+    )
+    space: str | None = Field(
+        default=None,
+        max_length=128,
+        pattern=SPACE_PATTERN,
+        description="a configured Space name to use; absent: the pool routes",
+    )
+    api_name: str = Field(
+        max_length=129, pattern=API_NAME_PATTERN, description="endpoint, e.g. /predict"
+    )
+    args: list[Any] = Field(default_factory=list, max_length=MAX_ARGS)
+    kwargs: dict[str, Any] = Field(default_factory=dict, max_length=MAX_KWARGS)
+    timeout_s: float | None = Field(
+        default=None,
+        gt=0,
+        le=MAX_TIMEOUT_S,
+        allow_inf_nan=False,
+        description="deadline in seconds for the whole request (wait + run)",
+    )
+
+    @field_validator("api_name")
+    @classmethod
+    def _leading_slash(cls, value: str) -> str:
+        return value if value.startswith("/") else "/" + value
+
+    @field_validator("kwargs")
+    @classmethod
+    def _kwarg_names(cls, value: dict[str, Any]) -> dict[str, Any]:
+        for key in value:
+            if key in RESERVED_KWARGS:
+                raise ValueError(f"{key!r} is reserved; pass it as a top-level field")
+            if not re.fullmatch(KWARG_PATTERN, key):
+                raise ValueError("keyword names must be Python identifiers of ≤ 64 characters")
+        return value
+
+    @model_validator(mode="after")
+    def _payload_shape(self) -> PredictRequest:
+        problem = json_problem(self.args) or json_problem(self.kwargs)
+        if problem:
+            raise ValueError(f"args/kwargs: {problem}")
+        size = len(json.dumps([self.args, self.kwargs], ensure_ascii=False).encode())
+        if size > MAX_PAYLOAD_BYTES:
+            raise ValueError(f"args/kwargs: {size} bytes, more than {MAX_PAYLOAD_BYTES}")
+        return self
+
+
+class PredictResponse(BaseModel):
+    """Body of a successful ``POST /api/predict``."""
+
+    space: str
+    result: Any
+    queued_ms: float = Field(description="time waiting for admission and a connection")
+    duration_ms: float = Field(description="time the Space took, once admitted")
+
+
+class JobCreated(BaseModel):
+    """Body of ``202`` from ``POST /api/jobs``."""
+
+    job_id: str
+    stage: Stage
+    url: str
+    events_url: str
+
+
+class JobView(BaseModel):
+    """What ``GET /api/jobs/{id}`` returns and every SSE event carries."""
+
+    job_id: str
+    stage: Stage
+    version: int = Field(description="grows by one with every change (the SSE event id)")
+    created_at: str
+    updated_at: str
+    queue_position: int | None = Field(default=None, description="while queued")
+    estimate_s: float | None = Field(default=None, description="while queued: expected wait")
+    space: str | None = None
+    result: Any = Field(default=None, description="when done")
+    error: dict[str, Any] | None = Field(default=None, description="when failed or cancelled")
+    queued_ms: float | None = None
+    duration_ms: float | None = None
+
+
+class ErrorBody(BaseModel):
+    """Every error the service answers has this shape (plus code-specific keys)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    error: str = Field(description="a short code: busy, upstream, deadline, invalid_body, ...")
+    message: str | None = None
+    request_id: str | None = None
+
+
+def to_jsonable(value: Any) -> Any:
+    """``value`` as plain JSON (a Space's output is usually JSON already).
+
+    Non-finite floats become None and unknown objects their ``str``; never raises.
+    """
+    try:
+        json.dumps(value, allow_nan=False)
+        return value
+    except (TypeError, ValueError, RecursionError):
+        pass
+    return _convert(value, 0)
+
+
+def _convert(value: Any, depth: int) -> Any:
+    if depth > 64:
+        return None
+    if value is None or isinstance(value, (bool, int, str)):
+        return value
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {str(k): _convert(v, depth + 1) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_convert(v, depth + 1) for v in value]
+    try:
+        return str(value)
+    except Exception:
+        return None

@@ -1,0 +1,51 @@
+"""Settings of the HTTP service, read from ``POOL_*`` variables like the pool's own.
+
+The pool (``pool.PoolSettings``) owns everything about Spaces, connections and
+admission; this module owns only what the HTTP layer decides: who may call it, how
+big a request may be, default deadlines, and how long finished jobs are kept.
+"""
+
+from __future__ import annotations
+
+from pydantic import Field, SecretStr, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+MAX_TIMEOUT_S = 3600.0
+"""The longest deadline a caller may ask for (``timeout_s``)."""
+
+
+class ServiceSettings(BaseSettings):
+    """Knobs of the HTTP service (SPEC 6 plus the service's own)."""
+
+    model_config = SettingsConfigDict(env_prefix="POOL_", extra="ignore")
+
+    admin_token: SecretStr | None = Field(
+        default=None, description="bearer token for /api/admin/*; unset: admin refuses"
+    )
+    api_token: SecretStr | None = Field(
+        default=None, description="bearer token for /api/predict and /api/jobs; unset: open"
+    )
+    predict_timeout_s: float = Field(
+        default=600.0, gt=0, le=MAX_TIMEOUT_S, description="deadline of a predict without one"
+    )
+    job_timeout_s: float = Field(
+        default=MAX_TIMEOUT_S, gt=0, le=MAX_TIMEOUT_S, description="deadline of a job without one"
+    )
+    job_queue_timeout_s: float = Field(
+        default=300.0, ge=0, description="longest wait for admission of a job (stage queued)"
+    )
+    job_retention_s: float = Field(
+        default=3600.0, gt=0, description="finished jobs stay readable this long"
+    )
+    job_max: int = Field(default=10_000, ge=1, description="jobs kept at once (any stage)")
+    max_body_bytes: int = Field(default=1_048_576, ge=1024, description="largest request body")
+    busy_retry_after_s: float = Field(
+        default=10.0, gt=0, description="Retry-After when no Space is healthy"
+    )
+
+    @field_validator("admin_token", "api_token", mode="before")
+    @classmethod
+    def _blank_is_unset(cls, value: object) -> object:
+        if isinstance(value, str) and not value.strip():
+            return None
+        return value

@@ -1,0 +1,102 @@
+"""spacepool's HTTP service: ``app`` is the FastAPI application uvicorn serves.
+
+    uvicorn app.main:app --host 0.0.0.0 --port 7860 --workers 2
+    python -m app                      # local demo: starts stand-in Spaces too
+
+The lifespan owns the pool: it takes the process-wide pool (``pool.get_pool()``, built
+from ``POOL_*`` settings; no Space is contacted until the first request), subscribes
+the metrics to its hooks, runs the job runner, and on shutdown cancels running jobs
+and closes the pool (every connection and lease).
+
+Behind this module, one concept each:
+
+* :mod:`app._api` — the endpoints, happy paths only;
+* :mod:`app._errors` — every error mapped to a status code, in one place;
+* :mod:`app._auth` — bearer tokens; :mod:`app._schemas` — bodies and limits;
+* :mod:`app._jobs` — background jobs behind a small store interface;
+* :mod:`app._metrics` — Prometheus; :mod:`app._logging` — JSON access log;
+* :mod:`app._limits` — request body size cap; :mod:`app._settings` — the knobs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import AsyncIterator
+from importlib import metadata
+
+from fastapi import FastAPI
+
+from pool import get_pool
+
+from . import _errors
+from ._api import router
+from ._jobs import JobRunner, MemoryJobStore
+from ._limits import BodySizeLimit
+from ._logging import AccessLog, configure_logging
+from ._metrics import on_pool_event
+from ._settings import ServiceSettings
+
+_log = logging.getLogger("spacepool.app")
+
+
+@contextlib.asynccontextmanager
+async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
+    settings: ServiceSettings = app.state.settings
+    configure_logging()
+    if settings.admin_token is None:
+        _log.warning("POOL_ADMIN_TOKEN is not set: every /api/admin/* request is refused")
+    if settings.api_token is None:
+        _log.info("POOL_API_TOKEN is not set: /api/predict and /api/jobs are open")
+    try:
+        pool = get_pool()
+        await pool.start()
+    except Exception as exc:
+        _log.error("cannot start the pool (%s): %s", type(exc).__name__, exc)
+        raise
+    pool.hooks.append(on_pool_event)
+    runner = JobRunner(
+        MemoryJobStore(retention_s=settings.job_retention_s, max_jobs=settings.job_max),
+        settings,
+    )
+    app.state.jobs = runner
+    _log.info(
+        "serving %d Space(s): %s; admission store %s",
+        len(pool.spaces),
+        ", ".join(pool.spaces),
+        pool.coordinator.store,
+    )
+    try:
+        yield
+    finally:
+        await runner.aclose()
+        with contextlib.suppress(ValueError):
+            pool.hooks.remove(on_pool_event)
+        await pool.aclose()
+
+
+def _version() -> str:
+    try:
+        return metadata.version("spacepool")
+    except metadata.PackageNotFoundError:
+        return "0"
+
+
+def create_app(settings: ServiceSettings | None = None) -> FastAPI:
+    """A new application; ``settings`` default to the ``POOL_*`` environment."""
+    settings = settings or ServiceSettings()
+    app = FastAPI(
+        title="spacepool",
+        version=_version(),
+        description="Warm, admission-controlled access to Gradio Spaces.",
+        lifespan=_lifespan,
+    )
+    app.state.settings = settings
+    _errors.install(app, no_space_retry_s=settings.busy_retry_after_s)
+    app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
+    app.add_middleware(AccessLog, internal_error=_errors.internal_error)  # outermost
+    app.include_router(router)
+    return app
+
+
+app = create_app()

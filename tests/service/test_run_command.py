@@ -1,0 +1,97 @@
+"""``python -m app`` (the README's run command): demo Spaces when POOL_SPACES is unset, a
+generated admin token printed exactly once, a URL and a curl example that work, and a
+clean stop on Ctrl-C that takes the demo Spaces down too."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from devspaces import free_port
+
+from .conftest import wait_for
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_python_m_app_starts_demo_spaces_serves_and_stops_cleanly(tmp_path: Path) -> None:
+    """No POOL_SPACES/POOL_ADMIN_TOKEN: demo Spaces, token shown once, curl works, Ctrl-C stops."""
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("POOL_")}
+    env.update(PYTHONUNBUFFERED="1", NO_PROXY="*")
+    output: list[str] = []
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "app", "--port", str(port)],
+        cwd=ROOT,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    assert proc.stdout is not None
+    stdout = proc.stdout
+    reader = threading.Thread(target=lambda: output.extend(stdout), daemon=True)
+    reader.start()
+    try:
+        url = f"http://127.0.0.1:{port}"
+
+        def healthy() -> bool:
+            assert proc.poll() is None, "".join(output)
+            try:
+                return httpx.get(f"{url}/healthz", timeout=1).status_code == 200
+            except httpx.TransportError:
+                return False
+
+        wait_for(healthy, 90, "python -m app serving")
+        text = "".join(output)
+        assert f"spacepool is starting on {url}" in text
+        spaces = re.search(r"POOL_SPACES=(\S+)", text)
+        token = re.search(r"export POOL_ADMIN_TOKEN=(\S+)", text)
+        assert spaces and token, text
+        assert "curl -s -X POST" in text and "/api/predict" in text
+
+        # The printed example, as printed.
+        body = re.search(r"-d '(\{.*\})'", text)
+        assert body, text
+        answer = httpx.post(
+            f"{url}/api/predict",
+            content=body.group(1),
+            headers={"Content-Type": "application/json"},
+            timeout=60,
+        )
+        assert answer.status_code == 200, answer.text
+        assert answer.json()["result"] in ("alpha:hello", "beta:hello")
+        stats = httpx.get(
+            f"{url}/api/admin/pool-stats",
+            headers={"Authorization": f"Bearer {token.group(1)}"},
+            timeout=10,
+        )
+        assert stats.status_code == 200 and set(stats.json()["pools"]) == {"alpha", "beta"}
+
+        started = time.monotonic()
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=30) == 0, "".join(output)
+        stop_s = time.monotonic() - started
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=10)
+    reader.join(timeout=10)
+    text = "".join(output)
+    assert text.count(token.group(1)) == 1, "the admin token must be printed exactly once"
+    assert "Application shutdown complete" in text
+    for entry in spaces.group(1).split(","):
+        space_url = entry.split("=", 1)[1]
+        with pytest.raises(httpx.TransportError):
+            httpx.get(f"{space_url}gradio_api/app_id", timeout=1)
+    print(f"\npython -m app stopped {stop_s:.1f} s after SIGINT")
