@@ -21,7 +21,7 @@ WORKDIR /home/user/app
 RUN python -m venv /home/user/venv
 COPY --chown=user:user . /home/user/app
 # The project itself, without extras (gradio is only for tests).
-RUN pip install --upgrade pip && pip install /home/user/app
+RUN pip install /home/user/app
 
 # Admission state shared by every worker in the container (several containers: redis://).
 RUN mkdir -p /tmp/spacepool

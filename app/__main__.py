@@ -43,7 +43,8 @@ def _demo_spaces() -> Iterator[None]:
             "or set POOL_SPACES"
         ) from exc
     print("POOL_SPACES is not set: starting 2 local demo Spaces (alpha, beta)...", flush=True)
-    with SpaceFleet(2) as fleet:
+    # Generous start-up limit: importing gradio takes a while on a busy machine.
+    with SpaceFleet(2, startup_timeout_s=180) as fleet:
         os.environ["POOL_SPACES"] = fleet.pool_spaces_env()
         print(f"  POOL_SPACES={os.environ['POOL_SPACES']}", flush=True)
         try:

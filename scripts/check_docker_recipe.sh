@@ -13,7 +13,9 @@
 #   RECIPE_COORDINATOR_URL  override the coordinator (default: the Dockerfile's sqlite form,
 #                        with the file in this run's temp dir)
 #   PYTHON311            interpreter for the fresh venv (default: python3.11)
-# The pip install reuses the machine's pip cache; the first run downloads the wheels.
+#   RECIPE_FRESH=1       resolve the dependencies from the index again
+# The first run resolves and downloads the dependencies (30-70 s here); later runs install
+# the same wheels offline from ~/.cache/spacepool/recipe-wheels-<pyproject hash>.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 DEV_PY="$ROOT/.venv/bin/python"
@@ -49,6 +51,11 @@ wait_http() {  # url, seconds, pid to watch
     return 1
 }
 
+SPACE_PORT="$(free_port)"
+(cd "$ROOT" && exec "$DEV_PY" -m devspaces serve --name alpha --port "$SPACE_PORT") \
+    >"$WORK/space.log" 2>&1 &
+SPACE_PID=$!
+
 # 1. the build context
 say "copying the build context (as .dockerignore leaves it)"
 mkdir -p "$WORK/app"
@@ -66,8 +73,23 @@ pip_install() {
     "$WORK/venv/bin/python" -m pip install -q --disable-pip-version-check "$@" \
         >>"$WORK/pip.log" 2>&1 || { tail -30 "$WORK/pip.log" >&2; echo "FAIL: pip install $*" >&2; exit 1; }
 }
-pip_install --upgrade pip
-pip_install "$WORK/app"
+# The image runs `pip install /home/user/app` against the index. Here the resolved
+# wheels are kept in a wheelhouse keyed by pyproject.toml (this machine's pip does not
+# cache downloads), so later runs install the same set offline in seconds.
+KEY="$(sha256sum "$ROOT/pyproject.toml" | cut -c1-16)"
+WHEELS="${RECIPE_WHEELHOUSE:-${XDG_CACHE_HOME:-$HOME/.cache}/spacepool/recipe-wheels-$KEY}"
+if [ -n "${RECIPE_FRESH:-}" ] || [ ! -f "$WHEELS/.complete" ]; then
+    say "resolving the dependencies from the index into $WHEELS"
+    rm -rf "$WHEELS"; mkdir -p "$WHEELS"
+    "$WORK/venv/bin/python" -m pip wheel -q --disable-pip-version-check -w "$WHEELS" \
+        "$WORK/app" "setuptools>=68" >>"$WORK/pip.log" 2>&1 \
+        || { tail -30 "$WORK/pip.log" >&2; echo "FAIL: pip wheel" >&2; exit 1; }
+    rm -f "$WHEELS"/spacepool-*.whl
+    touch "$WHEELS/.complete"
+fi
+# --no-compile: the image byte-compiles at build time; that changes nothing installed and
+# costs 20 s of CPU here.
+pip_install --no-index --find-links "$WHEELS" --no-compile "$WORK/app"
 if "$WORK/venv/bin/python" -c 'import gradio' 2>/dev/null; then
     echo "FAIL: gradio is installed in the image venv" >&2; exit 1
 fi
@@ -76,14 +98,10 @@ say "installed: $("$WORK/venv/bin/python" -m pip list --format=freeze 2>/dev/nul
     || say "WARNING: the installed wheel alone cannot import pool.admission/app.main" \
            "(the image works because WORKDIR holds the sources; see pyproject packages)"
 
-# 3. one stand-in Space
-SPACE_PORT="$(free_port)"
-say "starting a stand-in Space on 127.0.0.1:$SPACE_PORT"
-(cd "$ROOT" && exec "$DEV_PY" -m devspaces serve --name alpha --port "$SPACE_PORT") \
-    >"$WORK/space.log" 2>&1 &
-SPACE_PID=$!
+# 3. one stand-in Space (started before the install, so that both proceed together)
 wait_http "http://127.0.0.1:$SPACE_PORT/gradio_api/app_id" 90 "$SPACE_PID" \
     || { echo "FAIL: the stand-in Space did not start" >&2; tail -20 "$WORK/space.log" >&2; exit 1; }
+say "stand-in Space ready on 127.0.0.1:$SPACE_PORT"
 
 # 4. the Dockerfile's CMD
 APP_PORT="$(free_port)"

@@ -82,7 +82,7 @@ class ServiceProcess:
             stdout=self._log,
             stderr=subprocess.STDOUT,
         )
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + 90  # imports are slow on a busy 2-core machine
         while True:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"service exited at start:\n{self.log_text()[-3000:]}")

@@ -34,11 +34,14 @@ def echo_job(text: str, delay_s: float, **extra: Any) -> dict[str, Any]:
     return {"api_name": "/echo", "args": [text, delay_s], **extra}
 
 
-async def read_events(client: httpx.AsyncClient, job_id: str) -> list[dict[str, Any]]:
+async def read_events(
+    client: httpx.AsyncClient, job_id: str, last_event_id: int | None = None
+) -> list[dict[str, Any]]:
     """Every SSE event of the job until the server ends the stream (bounded)."""
     events: list[dict[str, Any]] = []
-    async with asyncio.timeout(120):
-        async with client.stream("GET", f"/api/jobs/{job_id}/events") as response:
+    headers = {} if last_event_id is None else {"Last-Event-ID": str(last_event_id)}
+    async with asyncio.timeout(180):
+        async with client.stream("GET", f"/api/jobs/{job_id}/events", headers=headers) as response:
             assert response.status_code == 200
             assert response.headers["content-type"].startswith("text/event-stream")
             event_id = None
@@ -87,8 +90,10 @@ async def follow_queued_job(service: ServiceProcess, delay_s: float) -> None:
         # The stream has ended; the job stays readable.
         again = await client.get(f"/api/jobs/{job_id}")
         assert again.status_code == 200 and again.json() == done
-        replay = await read_events(client, job_id)
-        assert replay == [done]
+        assert await read_events(client, job_id) == [done]
+        # Resuming with Last-Event-ID replays exactly what came after that event.
+        assert await read_events(client, job_id, events[0]["version"]) == events[1:]
+        assert await read_events(client, job_id, done["version"]) == []
 
 
 async def test_job_followed_over_sse_goes_queued_running_done_and_stays_readable(

@@ -182,3 +182,29 @@ async def test_logs_metrics_and_stats_never_carry_emails_tokens_or_payloads(
     assert {"ts", "level", "method", "duration_ms"} <= set(line)
     job_lines = [x for x in service.log_lines() if x.get("path") == "/api/jobs/{job_id}"]
     assert job_lines and all(job_id not in str(x) for x in job_lines)
+
+
+async def test_a_secret_in_the_payload_is_422_refused_with_a_reason_and_never_echoed(
+    start_service: ServiceFactory, spaces: SpaceFleet
+) -> None:
+    """Secret guard on: a payload with a password is 422 {refused, reason}, quoted nowhere."""
+    secret = "password=hunter2-DISTINCT-77"
+    guarded = start_service(POOL_SECRET_GUARD="on")
+    async with guarded.client() as client:
+        response = await client.post(
+            "/api/predict", json={"api_name": "/echo", "args": [f"my {secret}", 0]}
+        )
+        job = await client.post("/api/jobs", json={"api_name": "/echo", "args": [secret, 0]})
+        job_id = job.json()["job_id"]
+        for _ in range(200):
+            final = (await client.get(f"/api/jobs/{job_id}")).json()
+            if final["stage"] != "queued" and final["stage"] != "running":
+                break
+            await asyncio.sleep(0.05)
+    assert response.status_code == 422
+    body = response.json()
+    assert body["error"] == "refused" and body["reason"] == "secret_assignment"
+    assert final["stage"] == "failed" and final["error"]["reason"] == "secret_assignment"
+    for text in (response.text, str(final), guarded.log_text()):
+        assert "hunter2" not in text
+    assert all(s.stats().total == 0 for s in spaces)  # nothing was sent

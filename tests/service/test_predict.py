@@ -113,7 +113,7 @@ async def test_busy_answers_503_with_retry_after_and_position_within_the_queue_d
         assert retry_after.isdigit() and int(retry_after) >= 1
         assert body["retry_after_s"] == int(retry_after)
         busy_latencies.append(latency)
-    assert max(busy_latencies) < 2.0, busy_latencies  # the 1 s deadline, plus overhead
+    assert max(busy_latencies) < 2.5, busy_latencies  # the 1 s deadline, plus overhead
     assert all(s.stats().peak <= 1 for s in spaces)
     print(f"\nbusy answers after {min(busy_latencies):.2f}–{max(busy_latencies):.2f} s")
 

@@ -23,6 +23,7 @@ from .conftest import wait_for
 ROOT = Path(__file__).resolve().parents[2]
 
 
+@pytest.mark.timeout(300)
 def test_python_m_app_starts_demo_spaces_serves_and_stops_cleanly(tmp_path: Path) -> None:
     """No POOL_SPACES/POOL_ADMIN_TOKEN: demo Spaces, token shown once, curl works, Ctrl-C stops."""
     port = free_port()
@@ -52,7 +53,7 @@ def test_python_m_app_starts_demo_spaces_serves_and_stops_cleanly(tmp_path: Path
             except httpx.TransportError:
                 return False
 
-        wait_for(healthy, 90, "python -m app serving")
+        wait_for(healthy, 200, "python -m app serving")
         text = "".join(output)
         assert f"spacepool is starting on {url}" in text
         spaces = re.search(r"POOL_SPACES=(\S+)", text)
