@@ -15,7 +15,8 @@ gradio_client, httpx and huggingface_hub are mapped to it at the boundary
     │                             carries a reason code; never counts against a Space
     ├── InvalidRequest            the caller's own mistake, detected by the Space or by us:
     │   │                         unknown api_name, inputs the Space's validator refused
-    │   └── UnknownEndpoint       api_name the Space does not have (lists the ones it has)
+    │   ├── UnknownEndpoint       api_name the Space does not have (lists the ones it has)
+    │   └── UnknownSpace          a Space name that is not configured (lists the ones that are)
     ├── UpstreamError             the Space failed to serve a valid request
     │   ├── UpstreamAppError      the app itself raised (gr.Error, exception in the fn)
     │   └── UpstreamTransportError  connection refused/dropped, timeout, 5xx, queue full
@@ -56,9 +57,13 @@ class BusyError(PoolError):
 
 
 class NoHealthySpaceError(PoolError):
-    """Every candidate Space failed or is marked unhealthy."""
+    """Every candidate Space failed or is marked unhealthy; retry after ``retry_after_s``."""
 
     kind = "no_healthy_space"
+
+    def __init__(self, message: str, *, retry_after_s: float = 30.0) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
 
 
 class DeadlineExceeded(PoolError):
@@ -93,6 +98,17 @@ class UnknownEndpoint(InvalidRequest):
             f"unknown api_name {api_name!r}; this Space has: {', '.join(available) or '(none)'}"
         )
         self.api_name = api_name
+        self.available = available
+
+
+class UnknownSpace(InvalidRequest):
+    """No Space of that name is configured."""
+
+    kind = "unknown_space"
+
+    def __init__(self, space: str, available: list[str]) -> None:
+        super().__init__(f"unknown Space {space!r}; configured: {', '.join(available)}")
+        self.space = space
         self.available = available
 
 

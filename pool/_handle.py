@@ -22,6 +22,7 @@ from ._exceptions import DeadlineExceeded, InvalidRequest, MisuseError, UnknownE
 from ._guard import check_outbound
 
 FailureHook = Callable[[Classified], None]
+_RESERVED = frozenset({"fn_index", "headers", "result_callbacks"})
 
 
 class PooledJob:
@@ -144,6 +145,10 @@ class PooledClient:
     async def submit(self, *args: Any, api_name: str | None = None, **kwargs: Any) -> PooledJob:
         """Start a job on the Space and return it without waiting for the result."""
         conn = self._live()
+        reserved = _RESERVED.intersection(kwargs)
+        if reserved:
+            # gradio_client's own parameters: fn_index would bypass the api_name check.
+            raise InvalidRequest(f"reserved keyword(s) not allowed: {', '.join(sorted(reserved))}")
         if self._guard:
             check_outbound(args, kwargs)
         if api_name is not None:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import time
 from collections import deque
@@ -33,10 +34,11 @@ from ._errors import Classified
 from ._events import Hook, PoolEvent, emit
 from ._exceptions import (
     BusyError,
-    InvalidRequest,
+    MisuseError,
     NoHealthySpaceError,
     PoolClosedError,
     PoolError,
+    UnknownSpace,
     UpstreamTransportError,
 )
 from ._handle import PooledClient
@@ -53,11 +55,24 @@ from .admission import (
     WaitTicket,
     open_coordinator,
 )
+from .admission._protocol import new_id
 
 _log = logging.getLogger("spacepool")
 # Failures that mean the Space itself is unreachable: route around it.
 _SPACE_DOWN_KINDS = frozenset({"connect", "dropped", "invalid_state", "not_found", "timeout"})
 _SPACE_COOLDOWN_S = 30.0
+_PUBLISH_S = 2.0
+_PROCESS_PREFIX = "proc:"
+# Per-Space figures that add up across processes in pool-stats.
+_SUMMED = (
+    "totalConnections",
+    "availableConnections",
+    "inUseConnections",
+    "openingConnections",
+    "healthyConnections",
+    "unhealthyConnections",
+    "localWaiters",
+)
 
 
 class Pool:
@@ -115,6 +130,7 @@ class Pool:
         self.health_running = False
         self.last_health_check: datetime | None = None
         self._last_health_at = 0.0
+        self._process_id = new_id()
 
     # -- lifecycle ------------------------------------------------------------------------
     async def start(self) -> None:
@@ -166,6 +182,9 @@ class Pool:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._maintenance
         await asyncio.gather(*(sp.aclose() for sp in self.spaces.values()))
+        if self._started:
+            with contextlib.suppress(Exception):
+                await self.coordinator.delete_value(_PROCESS_PREFIX + self._process_id)
         if self._http is not None:
             await self._http.aclose()
         if self._coordinator is not None and self._owns_coordinator:
@@ -177,6 +196,8 @@ class Pool:
         """The keyed hash that represents ``email`` (None for anonymous)."""
         if email is None or not email.strip():
             return None
+        if not self._secret:
+            raise MisuseError("hash_user() needs a started pool (await pool.start())")
         return user_key(self._secret, email)
 
     @contextlib.asynccontextmanager
@@ -191,7 +212,7 @@ class Pool:
         """Admission, then an exclusive connection; everything released on exit."""
         await self.start()
         if space is not None and space not in self.spaces:
-            raise InvalidRequest(f"unknown Space {space!r}; configured: {', '.join(self.spaces)}")
+            raise UnknownSpace(space, list(self.spaces))
         user = self.hash_user(email)
         timeout = self.settings.queue_timeout_s if queue_timeout_s is None else queue_timeout_s
         deadline = self._clock() + timeout
@@ -269,17 +290,29 @@ class Pool:
     ) -> str:
         if space is not None:
             if tried:
-                raise NoHealthySpaceError(f"Space {space!r} failed ({last.kind if last else '?'})")
+                raise NoHealthySpaceError(
+                    f"Space {space!r} failed ({last.kind if last else '?'})",
+                    retry_after_s=self._retry_after_down(),
+                )
             return space
         healthy = [n for n, sp in self.spaces.items() if sp.is_up() and n not in tried]
         if not healthy:
             detail = f"; last failure: {last.kind}" if last else ""
-            raise NoHealthySpaceError(f"every Space failed or is unhealthy{detail}")
+            raise NoHealthySpaceError(
+                f"every Space failed or is unhealthy{detail}",
+                retry_after_s=self._retry_after_down(),
+            )
         before = self.router.pinned(user) if user else None
         choice = self.router.candidates(user, healthy, lambda n: self.spaces[n].load())[0]
         if user is not None and before != choice:
             emit(self.hooks, PoolEvent("assignment", choice))
         return choice
+
+    def _retry_after_down(self) -> float:
+        """Seconds until the first Space marked down may be tried again."""
+        now = self._clock()
+        waits = [sp.down_until - now for sp in self.spaces.values() if sp.down_until > now]
+        return round(max(1.0, min(waits)), 1) if waits else 1.0
 
     async def _release(self, lease: Lease) -> None:
         # Shielded: a cancelled caller must still give its slots back.
@@ -294,13 +327,52 @@ class Pool:
     # -- maintenance: health checks and idle reaping ----------------------------------------
     async def _maintain(self) -> None:
         s = self.settings
-        tick = max(0.05, min(s.health_interval_s, s.idle_timeout_s / 2, 30.0))
+        tick = max(0.05, min(s.health_interval_s, s.idle_timeout_s / 2, _PUBLISH_S))
         while True:
             await asyncio.sleep(tick)
             for sp in self.spaces.values():
                 sp.reap_idle(s.idle_timeout_s)
+            with contextlib.suppress(Exception):  # a store outage must not stop upkeep
+                await self._publish()
             if self._clock() - self._last_health_at >= s.health_interval_s:
                 await self.health_check()
+
+    def _local_pools(self) -> dict[str, dict[str, Any]]:
+        return {n: sp.snapshot(self.settings.health_failures) for n, sp in self.spaces.items()}
+
+    async def _publish(self) -> None:
+        """Share this process's connection snapshot with the fleet, with a TTL."""
+        await self.coordinator.put_value(
+            _PROCESS_PREFIX + self._process_id,
+            json.dumps({"pools": self._local_pools(), "assignments": self.router.assignments}),
+            ttl_s=3 * _PUBLISH_S,
+        )
+
+    async def _fleet_pools(self) -> tuple[dict[str, dict[str, Any]], int, int]:
+        """Connection counts summed over every live process: (pools, processes, users)."""
+        local = self._local_pools()
+        if not self._started:
+            return local, 1, 0
+        try:
+            await self._publish()
+            published = await self.coordinator.values(_PROCESS_PREFIX)
+        except Exception:
+            return local, 1, self.router.assignments
+        summed: dict[str, dict[str, Any]] = {n: dict.fromkeys(_SUMMED, 0) for n in local}
+        users = 0
+        for raw in published.values():
+            try:
+                other = json.loads(raw)
+            except ValueError:
+                continue
+            users += int(other.get("assignments", 0))
+            for name, entry in other.get("pools", {}).items():
+                if name in summed:
+                    for key in _SUMMED:
+                        summed[name][key] += int(entry.get(key, 0))
+        for name, entry in summed.items():
+            local[name].update(entry)
+        return local, max(1, len(published)), users
 
     async def health_check(self) -> None:
         """One round: probe ≤ ``health_sample`` idle connections per Space (SPEC 4.4)."""
@@ -350,17 +422,20 @@ class Pool:
         return {"p50": pct(0.50), "p95": pct(0.95), "p99": pct(0.99)}
 
     async def stats(self) -> dict[str, Any]:
-        """The pool-stats dict (SPEC 5): per Space and totals, plus admission."""
+        """The pool-stats dict (SPEC 5) for the whole fleet sharing the coordinator.
+
+        Connection counts are summed over every process that published a snapshot in
+        the last few seconds; queue and in-flight figures come from the store itself.
+        ``up``/``lastError``/``generation`` are this process's view.
+        """
         s = self.settings
         snap = await self.coordinator.snapshot() if self._started else None
-        pools: dict[str, Any] = {}
-        for name, sp in self.spaces.items():
-            entry = sp.snapshot(s.health_failures)
+        pools, processes, users = await self._fleet_pools()
+        for name, entry in pools.items():
             entry["queueLength"] = snap.queued.get(SPACE_PREFIX + name, 0) if snap else 0
-            entry["maxConnections"] = sp.max_size
-            entry["minConnections"] = sp.min_size
+            entry["maxConnections"] = s.max_connections
+            entry["minConnections"] = s.min_connections
             entry["spaceInFlight"] = snap.held.get(SPACE_PREFIX + name, 0) if snap else 0
-            pools[name] = entry
         totals = {
             key: sum(p[key] for p in pools.values())
             for key in ("totalConnections", "availableConnections", "inUseConnections")
@@ -369,7 +444,7 @@ class Pool:
             "pools": pools,
             **totals,
             "totalQueued": snap.waiting if snap else 0,
-            "userAssignments": self.router.assignments,
+            "userAssignments": max(users, self.router.assignments),
             "initialized": self._started,
             "healthCheckRunning": self.health_running,
             "lastHealthCheck": (
@@ -377,8 +452,10 @@ class Pool:
                 if self.last_health_check
                 else None
             ),
+            "processes": processes,
             "admission": {
                 "store": snap.store if snap else None,
+                "reachable": snap.reachable if snap else True,
                 "globalInUse": snap.held.get(GLOBAL_RESOURCE, 0) if snap else 0,
                 "globalLimit": s.global_max_concurrent,
                 "consumerLimit": s.consumer_max_concurrent,

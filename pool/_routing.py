@@ -56,7 +56,7 @@ class Router:
     ) -> list[str]:
         """Spaces to try, best first: pin / round-robin / least-loaded, then the rest."""
         if not healthy:
-            raise NoHealthySpaceError("no healthy Space is available")
+            raise NoHealthySpaceError("no healthy Space is available", retry_after_s=1.0)
         by_load = sorted(healthy, key=load)
         if user is None:
             return by_load

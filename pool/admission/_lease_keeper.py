@@ -124,6 +124,14 @@ class SharedStore(Protocol):
 
     async def shared_secret(self) -> bytes: ...
 
+    async def put_value(self, key: str, value: str, ttl_s: float) -> None: ...
+
+    async def get_value(self, key: str) -> str | None: ...
+
+    async def values(self, prefix: str) -> dict[str, str]: ...
+
+    async def delete_value(self, key: str) -> None: ...
+
     async def watch(
         self, on_grant: Callable[[Iterable[str]], None], on_resume: Callable[[], None]
     ) -> None:
@@ -254,6 +262,30 @@ class SharedCoordinator:
     async def shared_secret(self) -> bytes:
         try:
             return await self._backend.shared_secret()
+        except StoreUnavailable as exc:
+            raise self._unavailable(exc) from exc
+
+    async def put_value(self, key: str, value: str, ttl_s: float) -> None:
+        try:
+            await self._backend.put_value(key, value, ttl_s)
+        except StoreUnavailable as exc:
+            raise self._unavailable(exc) from exc
+
+    async def get_value(self, key: str) -> str | None:
+        try:
+            return await self._backend.get_value(key)
+        except StoreUnavailable as exc:
+            raise self._unavailable(exc) from exc
+
+    async def values(self, prefix: str) -> dict[str, str]:
+        try:
+            return await self._backend.values(prefix)
+        except StoreUnavailable as exc:
+            raise self._unavailable(exc) from exc
+
+    async def delete_value(self, key: str) -> None:
+        try:
+            await self._backend.delete_value(key)
         except StoreUnavailable as exc:
             raise self._unavailable(exc) from exc
 

@@ -40,6 +40,7 @@ class MemoryCoordinator:
         self._waiters: OrderedDict[str, _Waiter] = OrderedDict()
         self._mean_hold_s = 1.0
         self._secret = os.urandom(32)
+        self._values: dict[str, tuple[str, float]] = {}
 
     async def acquire(
         self, resources: Sequence[str], *, timeout: float, ticket: WaitTicket | None = None
@@ -124,6 +125,25 @@ class MemoryCoordinator:
             waiting=len(self._waiters),
             store=self.store,
         )
+
+    async def put_value(self, key: str, value: str, ttl_s: float) -> None:
+        self._values[key] = (value, time.monotonic() + ttl_s)
+
+    async def get_value(self, key: str) -> str | None:
+        found = self._values.get(key)
+        if found is None or found[1] <= time.monotonic():
+            self._values.pop(key, None)
+            return None
+        return found[0]
+
+    async def values(self, prefix: str) -> dict[str, str]:
+        now = time.monotonic()
+        for key in [k for k, (_, exp) in self._values.items() if exp <= now]:
+            del self._values[key]
+        return {k: v for k, (v, _) in self._values.items() if k.startswith(prefix)}
+
+    async def delete_value(self, key: str) -> None:
+        self._values.pop(key, None)
 
     async def shared_secret(self) -> bytes:
         return self._secret

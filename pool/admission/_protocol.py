@@ -94,6 +94,20 @@ class Coordinator(Protocol):
 
     async def snapshot(self) -> AdmissionSnapshot: ...
 
+    async def put_value(self, key: str, value: str, ttl_s: float) -> None:
+        """Store a small value for every process to read, expiring after ``ttl_s``."""
+        ...
+
+    async def get_value(self, key: str) -> str | None:
+        """The live value under ``key``, or None."""
+        ...
+
+    async def values(self, prefix: str) -> dict[str, str]:
+        """Every live value whose key starts with ``prefix``."""
+        ...
+
+    async def delete_value(self, key: str) -> None: ...
+
     async def shared_secret(self) -> bytes:
         """A random key shared by every process on this store (keys user hashes)."""
         ...

@@ -5,7 +5,8 @@ costs one round trip. The state, under a configurable key prefix
 (``?prefix=``, default ``spacepool:``; use a hash tag such as ``{spacepool}:`` on
 Redis Cluster, as every script touches all the keys)::
 
-    meta      HASH   epoch, born, quarantine, seq, mean (hold-time EWMA), secret
+    meta      HASH   epoch, born, quarantine, seq, mean (hold-time EWMA), secret,
+                     next_expiry (no deadline is earlier: reclaim has nothing to do)
     limits    HASH   resource or prefix ("consumer:") -> limit
     held      HASH   resource -> holders (kept in step with ``leases`` by the scripts)
     queue     ZSET   waiter id scored by a global sequence (HINCRBY meta seq): FIFO
@@ -13,6 +14,7 @@ Redis Cluster, as every script touches all the keys)::
     wexp      ZSET   waiter id scored by its expiry (ms, server clock)
     leases    HASH   lease id -> the same record; a granted waiter keeps its id
     lexp      ZSET   lease id scored by its expiry
+    kv, kvexp HASH + ZSET   small shared values and their expiry (put_value)
 
 Why it is shaped this way:
 
@@ -27,6 +29,8 @@ Why it is shaped this way:
   their ids on ``<prefix>grants:<owner>``; each process has ONE subscriber that
   resolves its local futures. A slow safety poll (``?poll_ms=``, default 500) covers
   a lost message and lets waiting processes reclaim a crashed process's slots.
+* **Pipelined.** Script calls made in the same event-loop iteration (concurrent
+  acquires and releases) go out in one pipeline: one round trip, one syscall.
 * **Fail closed, promptly.** Socket timeouts are short (``?timeout_ms=``, default
   1000) and redis-py's retries are off: an admission that cannot reach Redis raises
   at once (the coordinator maps it to ``BusyError(reason="coordinator_unavailable")``)
@@ -36,15 +40,21 @@ Why it is shaped this way:
   each client sends the store *epoch* it knows, and a script run against another
   epoch does nothing and answers ``EPOCH``. The client then re-registers its limits,
   its leases and its queued waiters (``restore``) and retries. If the client had
-  known an earlier epoch, the store was reset: a *quarantine* of one lease TTL
-  during which nothing new is granted gives every live process a heartbeat to
-  re-register its leases before the rule counts slots again.
+  known an earlier epoch (or lost contact before it learned one), the store was
+  reset: a *quarantine* of one lease TTL from the new epoch's birth, during which
+  nothing new is granted, gives every live process a heartbeat to re-register its
+  leases before the rule counts slots again. A brand-new Redis, first seen by
+  clients that never lost contact, starts without a quarantine; so the one case
+  left open is a process that starts during a Redis restart and is the very first
+  to reach the empty store: it can be admitted over the limit until the first old
+  holder's next heartbeat (``lease_ttl/3``), which imposes the quarantine.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import json
 import logging
 import secrets
@@ -56,7 +66,7 @@ from redis.asyncio import Redis
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import ReadOnlyError
+from redis.exceptions import NoScriptError, ReadOnlyError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from ._lease_keeper import LocalEntries, SharedCoordinator, StoreUnavailable, StoreView, Withdrawn
@@ -64,21 +74,25 @@ from ._protocol import AdmissionSnapshot, new_id
 
 _log = logging.getLogger("pool.admission")
 
-_KEYS = ("meta", "limits", "held", "queue", "waiters", "wexp", "leases", "lexp")
+_KEYS = ("meta", "limits", "held", "queue", "waiters", "wexp", "leases", "lexp", "kv", "kvexp")
 _UNREACHABLE = (RedisConnectionError, RedisTimeoutError, ReadOnlyError, OSError)
 
 _SCRIPT = r"""
--- KEYS: meta, limits, held, queue, waiters, wexp, leases, lexp  (see _redis.py)
+-- KEYS: meta, limits, held, queue, waiters, wexp, leases, lexp, kv, kvexp  (see _redis.py)
 -- ARGV: op, owner, epoch, channel prefix, op arguments...
 local META, LIMITS, HELD, QUEUE = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local WAITERS, WEXP, LEASES, LEXP = KEYS[5], KEYS[6], KEYS[7], KEYS[8]
+local KV, KVEXP = KEYS[9], KEYS[10]
 local op, owner, epoch, chan = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
 local UNLIMITED = 1073741824          -- _rule.UNLIMITED
 local CONSUMER = 'consumer:'          -- _rule.CONSUMER_PREFIX
 
-if op ~= 'restore' and redis.call('HGET', META, 'epoch') ~= epoch then
-  return {'EPOCH'}
+local head = redis.call('HMGET', META, 'epoch', 'next_expiry')
+if op ~= 'restore' and head[1] ~= epoch then
+  return '["EPOCH"]'
 end
+-- A lower bound of every lease/waiter deadline: reclaim() is a no-op before it.
+local next_expiry = tonumber(head[2]) or math.huge
 if redis.replicate_commands then redis.replicate_commands() end  -- TIME, then writes
 local clock = redis.call('TIME')
 local now = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
@@ -122,26 +136,44 @@ local function drop_waiter(id)
   return redis.call('HDEL', WAITERS, id) == 1
 end
 
+-- Every new deadline goes through here (renewals only move deadlines later).
+local function expire_at(zset, id, deadline)
+  redis.call('ZADD', zset, deadline, id)
+  if deadline < next_expiry then
+    next_expiry = deadline
+    redis.call('HSET', META, 'next_expiry', deadline)
+  end
+end
+
 local function make_lease(id, rec, w)
   for _, r in ipairs(w.r) do redis.call('HINCRBY', HELD, r, 1) end
   redis.call('HSET', LEASES, id, rec)
-  redis.call('ZADD', LEXP, now + w.t, id)
+  expire_at(LEXP, id, now + w.t)
 end
 
 local function add_waiter(id, rec, w)
   local seq = redis.call('HINCRBY', META, 'seq', 1)
   redis.call('ZADD', QUEUE, seq, id)
   redis.call('HSET', WAITERS, id, rec)
-  redis.call('ZADD', WEXP, now + w.t, id)
+  expire_at(WEXP, id, now + w.t)
 end
 
 local function reclaim()
+  if now < next_expiry then return end
   local due = string.format('(%d', now)
   for _, id in ipairs(redis.call('ZRANGEBYSCORE', LEXP, '-inf', due, 'LIMIT', 0, 512)) do
     drop_lease(id)
   end
   for _, id in ipairs(redis.call('ZRANGEBYSCORE', WEXP, '-inf', due, 'LIMIT', 0, 512)) do
     drop_waiter(id)
+  end
+  local first_lease = redis.call('ZRANGE', LEXP, 0, 0, 'WITHSCORES')[2]
+  local first_waiter = redis.call('ZRANGE', WEXP, 0, 0, 'WITHSCORES')[2]
+  next_expiry = math.min(tonumber(first_lease) or math.huge, tonumber(first_waiter) or math.huge)
+  if next_expiry == math.huge then
+    redis.call('HDEL', META, 'next_expiry')
+  else
+    redis.call('HSET', META, 'next_expiry', next_expiry)
   end
 end
 
@@ -197,11 +229,15 @@ local function grant_pass()
   return mine
 end
 
+-- Limits and mean hold time go back only with positions (for the wait estimate).
 local function reply(status, mine, positions, extra)
+  if #positions == 0 and op ~= 'set_limits' then return {status, mine, {}, {}, '', extra or 0} end
   return {status, mine, positions, redis.call('HGETALL', LIMITS),
           redis.call('HGET', META, 'mean') or '', extra or 0}
 end
 
+-- Each op returns a table; the script returns it as one JSON string (cheap to parse).
+local function dispatch()
 if op == 'enqueue' then
   local id, ttl = ARGV[5], tonumber(ARGV[7])
   local w = {o = owner, t = ttl, r = cjson.decode(ARGV[6])}
@@ -304,12 +340,40 @@ elseif op == 'snapshot' then
   for r, n in pairs(queued) do flat[#flat + 1] = r; flat[#flat + 1] = n end
   return {'OK', mine, redis.call('HGETALL', HELD), flat, redis.call('HGETALL', LIMITS), waiting}
 
+elseif op == 'kv_put' then
+  local key = ARGV[5]
+  redis.call('HSET', KV, key, ARGV[6])
+  redis.call('ZADD', KVEXP, now + tonumber(ARGV[7]), key)
+  return {'OK'}
+
+elseif op == 'kv_get' or op == 'kv_values' or op == 'kv_del' then
+  for _, key in ipairs(redis.call('ZRANGEBYSCORE', KVEXP, '-inf', string.format('%d', now))) do
+    redis.call('HDEL', KV, key)
+    redis.call('ZREM', KVEXP, key)
+  end
+  if op == 'kv_get' then return {'OK', redis.call('HGET', KV, ARGV[5])} end  -- false: none
+  if op == 'kv_del' then
+    redis.call('HDEL', KV, ARGV[5])
+    redis.call('ZREM', KVEXP, ARGV[5])
+    return {'OK'}
+  end
+  local found = {}
+  local flat = redis.call('HGETALL', KV)
+  for i = 1, #flat, 2 do
+    if string.sub(flat[i], 1, #ARGV[5]) == ARGV[5] then
+      found[#found + 1] = flat[i]
+      found[#found + 1] = flat[i + 1]
+    end
+  end
+  return {'OK', found}
+
 elseif op == 'secret' then
   redis.call('HSETNX', META, 'secret', ARGV[5])
   return {'OK', redis.call('HGET', META, 'secret')}
 
 elseif op == 'restore' then
-  -- ARGV 5 epoch seen before ('' if none), 6 new epoch candidate, 7 ttl_ms, 8 secret,
+  -- ARGV 5 epoch seen before ('' if none, '?' if unknown), 6 new epoch candidate,
+  -- 7 ttl_ms, 8 secret,
   -- then counted lists: limits (name, n), leases (id, resources), waiters (id, resources).
   local prev, ttl, secret = ARGV[5], tonumber(ARGV[7]), ARGV[8]
   local current = redis.call('HGET', META, 'epoch')
@@ -348,7 +412,11 @@ elseif op == 'restore' then
   end
   return {'OK', current}
 end
-return redis.error_reply('spacepool: unknown op ' .. tostring(op))
+end
+
+local result = dispatch()
+if result == nil then return redis.error_reply('spacepool: unknown op ' .. tostring(op)) end
+return cjson.encode(result)
 """
 
 
@@ -412,10 +480,13 @@ class _RedisStore:
             retry=Retry(NoBackoff(), 0),
             health_check_interval=max(5, int(lease_ttl_s)),
         )
-        self._script = self._client.register_script(_SCRIPT)
+        self._sha = hashlib.sha1(_SCRIPT.encode()).hexdigest()
+        self._batch: list[tuple[list[str | int | float], asyncio.Future[list[Any]]]] = []
+        self._flushes: set[asyncio.Task[None]] = set()
         self._keys = [prefix + k for k in _KEYS]
         self._channels = prefix + "grants:"
         self._epoch = ""
+        self._lost_contact = False  # we may have missed an epoch while Redis was away
         self._limits_set: dict[str, int] = {}
         self._secret: str | None = None
         self._local: LocalEntries | None = None
@@ -423,15 +494,51 @@ class _RedisStore:
     def attach(self, local: LocalEntries) -> None:
         self._local = local
 
-    # -- one script call ------------------------------------------------------------------
+    # -- script calls, pipelined -----------------------------------------------------------
     async def _eval(self, op: str, owner: str, args: Sequence[str | int | float]) -> list[Any]:
+        """One script call; the calls made in the same loop iteration share a round trip."""
+        future: asyncio.Future[list[Any]] = asyncio.get_running_loop().create_future()
+        if not self._batch:
+            self._flushes.add(task := asyncio.get_running_loop().create_task(self._flush()))
+            task.add_done_callback(self._flushes.discard)
+        self._batch.append(([op, owner, self._epoch, self._channels, *args], future))
+        return await future
+
+    async def _flush(self) -> None:
+        batch, self._batch = self._batch, []
         try:
-            reply = await self._script(
-                keys=self._keys, args=[op, owner, self._epoch, self._channels, *args]
-            )
+            replies = await self._pipeline([args for args, _ in batch])
         except _UNREACHABLE as exc:
-            raise StoreUnavailable(f"redis {self._where}: {exc}") from exc
-        return cast(list[Any], reply)
+            self._lost_contact = True
+            for _, future in batch:
+                if not future.done():
+                    error = StoreUnavailable(f"redis {self._where}: {exc}")
+                    error.__cause__ = exc
+                    future.set_exception(error)
+            return
+        for (_, future), reply in zip(batch, replies, strict=True):
+            if future.done():
+                continue
+            if isinstance(reply, Exception):
+                future.set_exception(reply)
+            else:
+                future.set_result(cast(list[Any], json.loads(reply)))
+
+    async def _pipeline(self, calls: list[list[str | int | float]]) -> list[Any]:
+        replies = await self._send(calls)
+        missing = [i for i, r in enumerate(replies) if isinstance(r, NoScriptError)]
+        if missing:  # Redis restarted or flushed its scripts: nothing of these ran
+            await self._client.script_load(_SCRIPT)
+            for i, reply in zip(missing, await self._send([calls[i] for i in missing]),
+                                strict=True):
+                replies[i] = reply
+        return replies
+
+    async def _send(self, calls: list[list[str | int | float]]) -> list[Any]:
+        pipe = self._client.pipeline(transaction=False)
+        for args in calls:
+            pipe.evalsha(self._sha, len(self._keys), *self._keys, *args)
+        return list(await pipe.execute(raise_on_error=False))
 
     async def _call(self, op: str, *args: str | int | float, owner: str | None = None) -> list[Any]:
         who = self._owner if owner is None else owner
@@ -444,7 +551,10 @@ class _RedisStore:
 
     async def _restore(self) -> None:
         leases, waiters = self._local.local_entries() if self._local else ([], [])
-        args: list[str | int | float] = [self._epoch, new_id(), self._ttl_ms, self._secret or ""]
+        # "?" for a client that never saw an epoch but lost contact: it cannot vouch
+        # that the store was not reset while it was away, so it asks for a quarantine.
+        seen = self._epoch or ("?" if self._lost_contact else "")
+        args: list[str | int | float] = [seen, new_id(), self._ttl_ms, self._secret or ""]
         args.append(len(self._limits_set))
         for name, limit in self._limits_set.items():
             args += [name, limit]
@@ -453,6 +563,7 @@ class _RedisStore:
             for key, resources in entries:
                 args += [key, json.dumps(list(resources))]
         reply = await self._eval("restore", self._owner, args)
+        self._lost_contact = False
         if self._epoch and reply[1] != self._epoch:
             _log.warning(
                 "redis admission store %s was reset; re-registered %d lease(s), %d waiter(s)",
@@ -509,6 +620,20 @@ class _RedisStore:
             self._secret = str(reply[1])
         return bytes.fromhex(self._secret)
 
+    async def put_value(self, key: str, value: str, ttl_s: float) -> None:
+        await self._call("kv_put", key, value, max(1, round(ttl_s * 1000)))
+
+    async def get_value(self, key: str) -> str | None:
+        reply = await self._call("kv_get", key)
+        return None if reply[1] is False else str(reply[1])
+
+    async def values(self, prefix: str) -> dict[str, str]:
+        flat = (await self._call("kv_values", prefix))[1]
+        return {str(flat[i]): str(flat[i + 1]) for i in range(0, len(flat), 2)}
+
+    async def delete_value(self, key: str) -> None:
+        await self._call("kv_del", key)
+
     async def watch(
         self, on_grant: Callable[[Iterable[str]], None], on_resume: Callable[[], None]
     ) -> None:
@@ -538,6 +663,7 @@ class _RedisStore:
 
 
 def _pairs(flat: Sequence[Any]) -> dict[str, int]:
+    """``[k1, v1, k2, v2, ...]`` as a dict (an empty Lua table arrives as ``{}``)."""
     return {str(flat[i]): int(flat[i + 1]) for i in range(0, len(flat), 2)}
 
 
@@ -546,6 +672,6 @@ def _view(reply: Sequence[Any]) -> StoreView:
     return StoreView(
         granted=frozenset(reply[1]),
         positions=_pairs(reply[2]),
-        limits=_pairs(reply[3]),
+        limits=_pairs(reply[3]) if reply[3] else None,
         mean_hold_s=float(reply[4]) if reply[4] else None,
     )

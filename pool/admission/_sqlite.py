@@ -8,6 +8,7 @@ processes. The whole fleet state lives in the file::
     leases(id, owner, resources, ttl_s, granted_at, expires_at)
     stats(key, value)                             mean_hold_s (EWMA over releases)
     secret(id = 1, key)                           created once, read by everyone
+    kv(key, value, expires_at)                    small shared values (put_value)
 
 ``seq`` is the arrival order, fleet-wide. Holder counts are *derived* from the live
 leases (``json_each`` over their resources) instead of kept in a counter table, so
@@ -27,9 +28,11 @@ Why it is shaped this way:
   and cheap in WAL mode, where readers never block the writer; a poll upgrades to a
   write transaction only when some entry's ``expires_at`` has passed (a crashed
   process) or once a second as a safety net.
-* **A dedicated thread.** sqlite3 calls block, so each coordinator owns one worker
-  thread and one connection; store calls are queued to it in order, which also
-  guarantees that a withdraw reaches the file after its enqueue.
+* **A dedicated thread, group commit.** sqlite3 calls block, so each coordinator owns
+  one worker thread and one connection. Store calls are queued to it in order (a
+  withdraw reaches the file after its enqueue); each round the thread commits every
+  queued write call in one transaction, one savepoint per call, so concurrent callers
+  share the thread hop and the commit.
 * **Fail closed.** ``busy_timeout`` bounds how long a transaction waits for the write
   lock (``?busy_timeout_ms=``, default 2000). Beyond it, or when the file cannot be
   opened, the call raises :class:`StoreUnavailable`, which the coordinator turns into
@@ -38,21 +41,24 @@ Why it is shaped this way:
 
 Expiry uses the wall clock (``time.time()``): it is shared by every process of the
 host, and unlike ``CLOCK_MONOTONIC`` it survives a reboot with the file on disk.
-Options: ``?busy_timeout_ms=2000&poll_ms=15``.
+Options: ``?busy_timeout_ms=2000&poll_ms=10``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import os
+import queue
 import secrets
 import sqlite3
+import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
-from typing import TypeVar
+from dataclasses import dataclass
+from typing import Any, Literal, TypeVar, cast
 from urllib.parse import parse_qs, urlsplit
 
 from ._lease_keeper import SharedCoordinator, StoreUnavailable, StoreView, Withdrawn
@@ -63,6 +69,7 @@ T = TypeVar("T")
 _log = logging.getLogger("pool.admission")
 
 _SAFETY_PASS_S = 1.0  # a poll runs a full write pass at least this often
+_BATCH = 64  # at most this many store calls share one transaction
 _POSITIONS_EVERY_S = 0.25  # how often a poll refreshes the waiters' positions
 
 _SCHEMA = (
@@ -86,6 +93,8 @@ _SCHEMA = (
     "CREATE INDEX IF NOT EXISTS leases_expiry ON leases(expires_at)",
     "CREATE TABLE IF NOT EXISTS stats (key TEXT PRIMARY KEY, value REAL NOT NULL)",
     "CREATE TABLE IF NOT EXISTS secret (id INTEGER PRIMARY KEY CHECK (id = 1), key BLOB NOT NULL)",
+    """CREATE TABLE IF NOT EXISTS kv (
+        key TEXT PRIMARY KEY, value TEXT NOT NULL, expires_at REAL NOT NULL)""",
 )
 
 _IDS = "(SELECT value FROM json_each(?))"  # a JSON array parameter as a set of ids
@@ -119,12 +128,29 @@ def _parse_url(url: str) -> tuple[str, float, float]:
         raise ValueError(f"unknown sqlite coordinator option(s): {', '.join(sorted(unknown))}")
     path = "/" + parts.path.lstrip("/")
     busy_timeout_s = float(query.get("busy_timeout_ms", 2000)) / 1000
-    poll_s = float(query.get("poll_ms", 15)) / 1000
+    poll_s = float(query.get("poll_ms", 10)) / 1000
     return path, busy_timeout_s, poll_s
 
 
+@dataclass
+class _Job:
+    """One store call queued to the worker thread."""
+
+    run: Callable[[sqlite3.Connection, float], Any]
+    kind: Literal["write", "read", "close"]  # writes share the round's transaction
+    loop: asyncio.AbstractEventLoop
+    future: asyncio.Future[Any]
+
+
 class _SQLiteStore:
-    """The file and its transactions; every method below ``_run`` runs on the worker."""
+    """The file and its transactions; ``_serve`` and below run on the worker thread.
+
+    Each round, the worker takes every call queued since the last one and commits
+    all the writing calls in ONE ``BEGIN IMMEDIATE`` transaction (group commit), each
+    in its own savepoint so that a failing call does not undo the others. Concurrent
+    callers thus share the thread hop, the write lock and the commit, which is what
+    bounds throughput; each call still sees the effects of the calls before it.
+    """
 
     name = "sqlite"
 
@@ -142,7 +168,8 @@ class _SQLiteStore:
         self._owner = owner
         self._ttl = lease_ttl_s
         self._busy_timeout_s = busy_timeout_s
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="spacepool-sqlite")
+        self._jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
         self._secret: bytes | None = None
         # Worker-thread state:
         self._conn: sqlite3.Connection | None = None
@@ -158,9 +185,21 @@ class _SQLiteStore:
         """No push channel: owners discover remote grants by polling."""
 
     # -- async surface ---------------------------------------------------------------------
-    async def _run(self, job: Callable[[], T]) -> T:
+    async def _submit(
+        self,
+        run: Callable[[sqlite3.Connection, float], T],
+        kind: Literal["write", "read", "close"],
+    ) -> T:
+        if self._thread is None:
+            self._thread = threading.Thread(
+                target=self._serve, name="spacepool-sqlite", daemon=True
+            )
+            self._thread.start()
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[Any] = loop.create_future()
+        self._jobs.put(_Job(run, kind, loop, future))
         try:
-            return await asyncio.get_running_loop().run_in_executor(self._executor, job)
+            return cast(T, await future)
         except sqlite3.OperationalError as exc:  # locked beyond busy_timeout, I/O, open
             raise StoreUnavailable(f"sqlite {self.path}: {exc}") from exc
         except sqlite3.DatabaseError as exc:
@@ -171,7 +210,10 @@ class _SQLiteStore:
             raise StoreUnavailable(f"sqlite {self.path}: {exc}") from exc
 
     async def _transact(self, body: Callable[[sqlite3.Connection, float], T]) -> T:
-        return await self._run(lambda: self._tx(body))
+        return await self._submit(body, "write")
+
+    async def _read(self, body: Callable[[sqlite3.Connection], T]) -> T:
+        return await self._submit(lambda conn, _now: body(conn), "read")
 
     async def enqueue(self, waiter_id: str, resources: tuple[str, ...]) -> StoreView:
         return await self._transact(lambda c, now: self._enqueue(c, now, waiter_id, resources))
@@ -184,7 +226,7 @@ class _SQLiteStore:
 
     async def poll(self, waiting: Sequence[str]) -> StoreView:
         ids = list(waiting)
-        return await self._run(lambda: self._poll(ids))
+        return await self._read(lambda conn: self._poll(conn, ids))
 
     async def renew(self, ids: Sequence[str]) -> set[str]:
         wanted = list(ids)
@@ -199,7 +241,7 @@ class _SQLiteStore:
         return await self._transact(lambda c, now: self._set_limits(c, now, rows))
 
     async def snapshot(self) -> AdmissionSnapshot:
-        return await self._run(self._snapshot)
+        return await self._read(self._snapshot)
 
     async def shared_secret(self) -> bytes:
         if self._secret is None:
@@ -207,13 +249,111 @@ class _SQLiteStore:
             self._secret = await self._transact(lambda c, _now: _secret(c, candidate))
         return self._secret
 
+    async def put_value(self, key: str, value: str, ttl_s: float) -> None:
+        def put(conn: sqlite3.Connection, now: float) -> None:
+            conn.execute("DELETE FROM kv WHERE expires_at <= ?", (now,))
+            conn.execute(
+                "INSERT INTO kv (key, value, expires_at) VALUES (?, ?, ?) ON CONFLICT (key)"
+                " DO UPDATE SET value = excluded.value, expires_at = excluded.expires_at",
+                (key, value, now + ttl_s),
+            )
+
+        await self._transact(put)
+
+    async def get_value(self, key: str) -> str | None:
+        def get(conn: sqlite3.Connection) -> str | None:
+            row = conn.execute(
+                "SELECT value FROM kv WHERE key = ? AND expires_at > ?", (key, time.time())
+            ).fetchone()
+            return None if row is None else str(row[0])
+
+        return await self._read(get)
+
+    async def values(self, prefix: str) -> dict[str, str]:
+        def scan(conn: sqlite3.Connection) -> dict[str, str]:
+            return dict(
+                conn.execute(
+                    "SELECT key, value FROM kv"
+                    " WHERE substr(key, 1, length(?1)) = ?1 AND expires_at > ?2",
+                    (prefix, time.time()),
+                )
+            )
+
+        return await self._read(scan)
+
+    async def delete_value(self, key: str) -> None:
+        await self._transact(lambda c, _now: c.execute("DELETE FROM kv WHERE key = ?", (key,)))
+
     async def close(self) -> None:
+        if self._thread is None:
+            return
         try:
-            await self._run(self._close)
+            await self._submit(lambda _conn, _now: None, "close")
         finally:
-            self._executor.shutdown(wait=False)
+            self._jobs.put(None)
 
     # -- worker thread ---------------------------------------------------------------------
+    def _serve(self) -> None:
+        while True:
+            job = self._jobs.get()
+            if job is None:
+                return
+            batch = [job]
+            while len(batch) < _BATCH:
+                try:
+                    job = self._jobs.get_nowait()
+                except queue.Empty:
+                    break
+                if job is None:
+                    self._jobs.put(None)  # stop after this round
+                    break
+                batch.append(job)
+            outcomes = self._run_writes([j for j in batch if j.kind == "write"])
+            outcomes += [self._run_other(j) for j in batch if j.kind != "write"]
+            by_loop: dict[asyncio.AbstractEventLoop, list[tuple[_Job, bool, Any]]] = {}
+            for outcome in outcomes:
+                by_loop.setdefault(outcome[0].loop, []).append(outcome)
+            for loop, settled in by_loop.items():
+                with contextlib.suppress(RuntimeError):  # loop closed: nobody is waiting
+                    loop.call_soon_threadsafe(_settle, settled)
+
+    def _run_writes(self, jobs: list[_Job]) -> list[tuple[_Job, bool, Any]]:
+        if not jobs:
+            return []
+        try:
+            conn = self._connection()
+            conn.execute("BEGIN IMMEDIATE")
+        except Exception as exc:
+            return [(job, False, exc) for job in jobs]
+        now = time.time()
+        outcomes: list[tuple[_Job, bool, Any]] = []
+        try:
+            for job in jobs:
+                conn.execute("SAVEPOINT call")
+                try:
+                    outcomes.append((job, True, job.run(conn, now)))
+                except sqlite3.OperationalError:
+                    raise  # the transaction is unusable: every call of the round fails
+                except Exception as exc:
+                    conn.execute("ROLLBACK TO call")
+                    outcomes.append((job, False, exc))
+                conn.execute("RELEASE call")
+            conn.execute("COMMIT")
+        except Exception as exc:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            return [(job, False, exc) for job in jobs]
+        return outcomes
+
+    def _run_other(self, job: _Job) -> tuple[_Job, bool, Any]:
+        try:
+            if job.kind == "close":
+                self._close()
+                return job, True, None
+            return job, True, job.run(self._connection(), time.time())
+        except Exception as exc:
+            return job, False, exc
+
     def _connection(self) -> sqlite3.Connection:
         if self._conn is None:
             os.makedirs(os.path.dirname(self.path) or "/", exist_ok=True)
@@ -232,9 +372,6 @@ class _SQLiteStore:
         if self._conn is not None:
             self._conn.close()
             self._conn = None
-
-    def _tx(self, body: Callable[[sqlite3.Connection, float], T]) -> T:
-        return _write(self._connection(), body)
 
     def _grant(
         self,
@@ -327,8 +464,7 @@ class _SQLiteStore:
             _log.warning("lease %s was gone from the store (expired?) at release", key[:8])
         return StoreView(granted=frozenset(self._grant(conn, now)))
 
-    def _poll(self, waiting: list[str]) -> StoreView:
-        conn = self._connection()
+    def _poll(self, conn: sqlite3.Connection, waiting: list[str]) -> StoreView:
         now = time.time()
         (due,) = conn.execute(
             "SELECT MIN(e) FROM (SELECT MIN(expires_at) AS e FROM leases"
@@ -387,8 +523,7 @@ class _SQLiteStore:
         mine = self._grant(conn, now)
         return StoreView(granted=frozenset(mine), limits=_limits(conn))
 
-    def _snapshot(self) -> AdmissionSnapshot:
-        conn = self._connection()
+    def _snapshot(self, conn: sqlite3.Connection) -> AdmissionSnapshot:
         now = time.time()
         conn.execute("BEGIN")  # one consistent read
         try:
@@ -422,6 +557,16 @@ def _write(conn: sqlite3.Connection, body: Callable[[sqlite3.Connection, float],
             conn.execute("ROLLBACK")
         raise
     return result
+
+
+def _settle(outcomes: list[tuple[_Job, bool, Any]]) -> None:
+    for job, ok, value in outcomes:
+        if job.future.cancelled():
+            continue
+        if ok:
+            job.future.set_result(value)
+        else:
+            job.future.set_exception(value)
 
 
 def _create_schema(conn: sqlite3.Connection, _now: float) -> None:

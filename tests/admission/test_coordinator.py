@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable
 
 import pytest
 
-from pool import BusyError, MisuseError
+from pool import BusyError, MisuseError, PoolClosedError
 from pool.admission import CONSUMER_PREFIX, Coordinator, Lease, open_coordinator
 
 from .conftest import Opener
-from .helpers import GLOBAL, queue, settle
+from .helpers import GLOBAL, queue, settle, until_async
 
 A, B = "space:a", "space:b"
 
@@ -264,6 +265,28 @@ async def test_shared_secret_is_32_stable_bytes(coord: Coordinator) -> None:
     assert await coord.shared_secret() == secret
 
 
+async def test_shared_values_expire_and_list_by_prefix(coord: Coordinator) -> None:
+    """put_value/get_value/values/delete_value: a small TTL'd map for the whole fleet."""
+    await coord.put_value("proc:a", "1", ttl_s=30)
+    await coord.put_value("proc:b", "", ttl_s=30)
+    await coord.put_value("other", "3", ttl_s=30)
+    await coord.put_value("proc:short", "4", ttl_s=0.05)
+    assert await coord.get_value("proc:a") == "1"
+    assert await coord.get_value("proc:b") == ""
+    assert await coord.get_value("missing") is None
+    await coord.put_value("proc:a", "2", ttl_s=30)
+    await until_async(
+        lambda: _equals(coord.values("proc:"), {"proc:a": "2", "proc:b": ""}),
+        what="the short-lived value to expire",
+    )
+    await coord.delete_value("proc:a")
+    assert await coord.get_value("proc:a") is None
+
+
+async def _equals(result: Awaitable[dict[str, str]], expected: dict[str, str]) -> bool:
+    return await result == expected
+
+
 # -- stores shared by several processes ------------------------------------------------------
 
 
@@ -308,7 +331,7 @@ async def test_close_frees_leases_and_queue_entries(shared_url: str, open_store:
     await leaving.acquire([GLOBAL], timeout=1)
     waiter, _ = await queue(leaving, [GLOBAL])
     await leaving.aclose()
-    with pytest.raises(Exception, match="closed"):
+    with pytest.raises(PoolClosedError):
         await waiter
     snap = await staying.snapshot()
     assert (snap.held, snap.waiting) == ({}, 0)

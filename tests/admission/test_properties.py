@@ -104,58 +104,66 @@ steps = st.lists(
 
 
 async def run(url: str, scenario: list[tuple[str, object]]) -> None:
+    """Play ``scenario`` on a fresh coordinator and on the model, checking every step."""
     coord = open_coordinator(url, lease_ttl_s=30)
     model = Model()
-    tasks: dict[int, asyncio.Task[Lease]] = {}
+    tasks: dict[int, asyncio.Task[Lease]] = {}  # waiting requests, in arrival order
     leases: dict[int, Lease] = {}
     try:
         await coord.set_limits(dict(LIMITS))
         for number, (kind, arg) in enumerate(scenario):
-            waiting_before = list(model.queue)
+            # 1. the model's side of the step, up to (not including) the grant pass
             if kind == ARRIVE:
                 assert isinstance(arg, tuple)
                 resources, at_once = arg
-                mid = model.counts()
                 model.queue[number] = resources
-                granted = model.grant()
-                ticket = WaitTicket()
-                task = asyncio.create_task(
-                    coord.acquire(resources, timeout=0 if at_once else 60, ticket=ticket)
-                )
-                tasks[number] = task
-                await until(lambda: task.done() or ticket.position > 0)  # noqa: B023
-                if at_once and number not in granted:
-                    del model.queue[number]  # queued, then timed out at once
-                    with pytest.raises(BusyError):
-                        await tasks.pop(number)
             elif kind == RELEASE and leases:
                 assert isinstance(arg, int)
                 rid = sorted(leases)[arg % len(leases)]
                 del model.held[rid]
-                mid = model.counts()
-                granted = model.grant()
-                await coord.release(leases.pop(rid))
             elif kind == CANCEL and model.queue:
                 assert isinstance(arg, int)
                 rid = list(model.queue)[arg % len(model.queue)]
                 del model.queue[rid]
-                mid = model.counts()
-                granted = model.grant()
+            else:
+                continue
+            before, waiting_before = model.counts(), list(model.queue)
+            granted = model.grant()
+            # 2. the same step on the store
+            if kind == ARRIVE:
+                tasks[number] = await arrive(coord, resources, at_once)
+                if at_once and number not in granted:
+                    del model.queue[number]  # queued, then timed out at once
+                    with pytest.raises(BusyError):
+                        await tasks.pop(number)
+            elif kind == RELEASE:
+                await coord.release(leases.pop(rid))
+            else:
                 tasks[rid].cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await tasks.pop(rid)
-            else:
-                continue
-            await until(lambda: all(tasks[r].done() for r in granted), what="model grants")  # noqa: B023
+            # 3. every grant made has reached its task; compare and check
+            await until(lambda: all(tasks[r].done() for r in granted),  # noqa: B023
+                        timeout=2, what="the grants the model made")
             await settle()
-            for rid in [r for r, t in tasks.items() if t.done()]:
+            for rid in [r for r, task in tasks.items() if task.done()]:
                 leases[rid] = tasks.pop(rid).result()
-            await check(coord, model, leases, tasks, granted, mid, waiting_before)
+            await check(coord, model, leases, tasks, granted, before, waiting_before)
     finally:
         for task in tasks.values():
             task.cancel()
         await asyncio.gather(*tasks.values(), return_exceptions=True)
         await coord.aclose()
+
+
+async def arrive(coord: Coordinator, resources: Resources, at_once: bool) -> asyncio.Task[Lease]:
+    """Start an acquire; return once the store has queued or granted it."""
+    ticket = WaitTicket()
+    task = asyncio.create_task(
+        coord.acquire(resources, timeout=0 if at_once else 60, ticket=ticket)
+    )
+    await until(lambda: task.done() or ticket.position > 0, what="the arrival")
+    return task
 
 
 async def check(
@@ -164,7 +172,7 @@ async def check(
     leases: dict[int, Lease],
     tasks: dict[int, asyncio.Task[Lease]],
     granted: set[int],
-    mid: Counter[str],
+    before: Counter[str],
     waiting_before: list[int],
 ) -> None:
     """The store agrees with the model, and properties 1–5 hold for what it did."""
@@ -185,11 +193,14 @@ async def check(
         ), f"3/5: waiter {rid} fits but nothing ahead of it is short of its resources"
     # 4: replay this step's grants in arrival order from the counts before them: a
     # waiter left waiting must not have fitted at its turn (nobody overtook it).
-    replay = Counter(mid)
+    replay = Counter(before)
     for rid in sorted(set(waiting_before) | granted):
-        res = model.held.get(rid) or model.queue.get(rid)
-        if res is None:
-            continue  # cancelled or timed out in this step
+        if rid in model.held:
+            res = model.held[rid]
+        elif rid in model.queue:
+            res = model.queue[rid]
+        else:
+            continue  # timed out in this step
         if rid in granted:
             replay.update(res)
         else:
