@@ -17,11 +17,11 @@ from typing import Any
 from fastapi import APIRouter, Depends, Header, Request, Response
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from pool import DeadlineExceeded, Pool, get_pool
+from pool import DeadlineExceeded, Pool, UnknownSpace, get_pool
 
 from . import _metrics
 from ._auth import require_admin_token, require_api_token
-from ._errors import JobNotFound, UnknownSpace
+from ._errors import JobNotFound
 from ._jobs import JobRunner
 from ._logging import context_of
 from ._schemas import (

@@ -33,6 +33,7 @@ from pool import (
     PoolError,
     RefusedByPolicy,
     UnknownEndpoint,
+    UnknownSpace,
     UpstreamError,
 )
 
@@ -60,14 +61,6 @@ class AuthError(ServiceError):
         super().__init__(message)
         self.status = status
         self.code = code
-
-
-class UnknownSpace(ServiceError):
-    """A ``space`` that is not configured."""
-
-    def __init__(self, name: str, available: list[str]) -> None:
-        super().__init__(f"unknown space {name!r}; configured: {', '.join(available)}")
-        self.available = available
 
 
 class JobNotFound(ServiceError):
@@ -99,7 +92,7 @@ def _retry_after(seconds: float) -> int:
     return max(1, math.ceil(seconds))
 
 
-def describe(exc: BaseException, *, no_space_retry_s: float = 10.0) -> Problem:
+def describe(exc: BaseException) -> Problem:
     """The answer for ``exc``; anything unknown is a bare 500 ``internal``."""
     if isinstance(exc, BusyError):
         retry = _retry_after(exc.retry_after_s)
@@ -112,7 +105,7 @@ def describe(exc: BaseException, *, no_space_retry_s: float = 10.0) -> Problem:
         }
         return Problem(503, body, "busy", {"Retry-After": str(retry)})
     if isinstance(exc, NoHealthySpaceError):
-        retry = _retry_after(no_space_retry_s)
+        retry = _retry_after(exc.retry_after_s)
         body = {"error": "no_healthy_space", "message": str(exc), "retry_after_s": retry}
         return Problem(503, body, "no_healthy_space", {"Retry-After": str(retry)})
     if isinstance(exc, PoolClosedError):
@@ -136,6 +129,9 @@ def describe(exc: BaseException, *, no_space_retry_s: float = 10.0) -> Problem:
             "available": exc.available,
         }
         return Problem(422, body, "unknown_api_name")
+    if isinstance(exc, UnknownSpace):
+        body = {"error": "unknown_space", "message": str(exc), "available": exc.available}
+        return Problem(422, body, "unknown_space")
     if isinstance(exc, InvalidRequest):
         return Problem(422, {"error": "invalid_request", "message": str(exc)}, "invalid_request")
     if isinstance(exc, UpstreamError):
@@ -144,9 +140,6 @@ def describe(exc: BaseException, *, no_space_retry_s: float = 10.0) -> Problem:
     if isinstance(exc, AuthError):
         body = {"error": exc.code, "message": str(exc)}
         return Problem(exc.status, body, exc.code, {"WWW-Authenticate": "Bearer"})
-    if isinstance(exc, UnknownSpace):
-        body = {"error": "unknown_space", "message": str(exc), "available": exc.available}
-        return Problem(422, body, "unknown_space")
     if isinstance(exc, JobNotFound):
         return Problem(404, {"error": "job_not_found", "message": str(exc)}, "job_not_found")
     if isinstance(exc, JobsFull):
@@ -180,11 +173,11 @@ def internal_error(request_id: str) -> tuple[int, bytes]:
     return 500, json.dumps(body).encode()
 
 
-def install(app: FastAPI, *, no_space_retry_s: float) -> None:
+def install(app: FastAPI) -> None:
     """Register the handlers: one function for every exception class we answer."""
 
     async def handle(request: Request, exc: Exception) -> JSONResponse:
-        problem = describe(exc, no_space_retry_s=no_space_retry_s)
+        problem = describe(exc)
         ctx = context_of(request)
         ctx.outcome = problem.outcome
         if problem.status >= 500 and problem.body.get("error") == "internal":

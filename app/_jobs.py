@@ -326,7 +326,7 @@ class JobRunner:
             )
             raise
         except Exception as exc:
-            problem = describe(exc, no_space_retry_s=s.busy_retry_after_s)
+            problem = describe(exc)
             if problem.body.get("error") == "internal":
                 _log.error("job failed unexpectedly", exc_info=exc, extra={"job_id": job_id})
             await self.store.update(

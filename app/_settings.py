@@ -39,9 +39,6 @@ class ServiceSettings(BaseSettings):
     )
     job_max: int = Field(default=10_000, ge=1, description="jobs kept at once (any stage)")
     max_body_bytes: int = Field(default=1_048_576, ge=1024, description="largest request body")
-    busy_retry_after_s: float = Field(
-        default=10.0, gt=0, description="Retry-After when no Space is healthy"
-    )
 
     @field_validator("admin_token", "api_token", mode="before")
     @classmethod

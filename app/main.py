@@ -92,7 +92,7 @@ def create_app(settings: ServiceSettings | None = None) -> FastAPI:
         lifespan=_lifespan,
     )
     app.state.settings = settings
-    _errors.install(app, no_space_retry_s=settings.busy_retry_after_s)
+    _errors.install(app)
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
     app.add_middleware(AccessLog, internal_error=_errors.internal_error)  # outermost
     app.include_router(router)

@@ -32,6 +32,12 @@ from pool import Pool, PoolSettings, set_pool
 
 from .conftest import coordinator_url
 
+# schemathesis' own strategies use the random module, which hypothesis deprecates;
+# that is theirs to fix, not a failure of the service.
+pytestmark = pytest.mark.filterwarnings(
+    "ignore::hypothesis.errors.HypothesisDeprecationWarning"
+)
+
 REQUEST_LIMIT_S = 20.0
 MAX_TIMEOUT_S = 5.0
 MAPPED_5XX = {"upstream", "busy", "no_healthy_space", "deadline", "shutting_down"}
