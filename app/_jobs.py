@@ -262,15 +262,42 @@ class JobRunner:
         return record
 
     async def cancel(self, job_id: str) -> JobRecord | None:
-        """Cancel the job (upstream too) and wait until its slot is given back."""
+        """Cancel the job (upstream too) and wait until its slot is given back.
+
+        A job running on another worker is asked to stop through the shared store;
+        this waits (bounded) until that worker reports a final stage.
+        """
         task = self._tasks.get(job_id)
         if task is not None:
             task.cancel()
             await asyncio.wait({task}, timeout=10.0)
+        elif (request := getattr(self.store, "request_cancel", None)) is not None:
+            await request(job_id)
+            deadline = time.monotonic() + 10.0
+            while time.monotonic() < deadline:
+                record = await self.store.get(job_id)
+                if record is None or record.final:
+                    return record
+                await asyncio.sleep(_QUEUE_POLL_S)
+            return await self.store.get(job_id)
         await self.store.update(
             job_id, stage="cancelled", error={"error": "cancelled", "message": "cancelled"}
         )
         return await self.store.get(job_id)
+
+    async def watch_cancellations(self) -> None:
+        """One poller per worker: cancel this worker's jobs that another worker asked to."""
+        asked = getattr(self.store, "cancel_requests", None)
+        if asked is None:
+            return
+        while True:
+            await asyncio.sleep(_QUEUE_POLL_S)
+            if not self._tasks:
+                continue
+            for job_id in await asked():
+                task = self._tasks.get(job_id)
+                if task is not None:
+                    task.cancel()
 
     async def aclose(self) -> None:
         """Cancel every job still running (the service is stopping)."""

@@ -20,6 +20,7 @@ Behind this module, one concept each:
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator
@@ -31,11 +32,12 @@ from pool import get_pool
 
 from . import _errors
 from ._api import router
-from ._jobs import JobRunner, MemoryJobStore
+from ._jobs import JobRunner, JobStore, MemoryJobStore
 from ._limits import BodySizeLimit
 from ._logging import AccessLog, configure_logging
 from ._metrics import on_pool_event
 from ._settings import ServiceSettings
+from ._shared_jobs import SharedJobStore
 
 _log = logging.getLogger("spacepool.app")
 
@@ -55,10 +57,13 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
         _log.error("cannot start the pool (%s): %s", type(exc).__name__, exc)
         raise
     pool.hooks.append(on_pool_event)
-    runner = JobRunner(
-        MemoryJobStore(retention_s=settings.job_retention_s, max_jobs=settings.job_max),
-        settings,
-    )
+    local = MemoryJobStore(retention_s=settings.job_retention_s, max_jobs=settings.job_max)
+    store: JobStore = local
+    if pool.coordinator.store != "memory":
+        # Workers share a coordinator: make every job readable (and cancellable) from all.
+        store = SharedJobStore(local, lambda: pool.coordinator, settings.job_retention_s)
+    runner = JobRunner(store, settings)
+    watcher = asyncio.get_running_loop().create_task(runner.watch_cancellations())
     app.state.jobs = runner
     _log.info(
         "serving %d Space(s): %s; admission store %s",
@@ -69,6 +74,7 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
     try:
         yield
     finally:
+        watcher.cancel()
         await runner.aclose()
         with contextlib.suppress(ValueError):
             pool.hooks.remove(on_pool_event)

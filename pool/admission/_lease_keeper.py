@@ -39,8 +39,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import random
 import time
-from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
@@ -201,16 +202,11 @@ class SharedCoordinator:
                 queue_position=position,
                 retry_after_s=waiter.ticket.estimate_s or self._mean_hold_s,
             ) from None
-        except StoreUnavailable as exc:
+        except StoreUnavailable as exc:  # fail closed
             self._waiters.pop(key, None)
+            waiter.future.cancel()
             self._orphans.add(key)  # the enqueue may have landed before the error
-            self._set_reachable(False, exc)
-            raise BusyError(
-                f"admission store unreachable: {exc}",
-                queue_position=0,
-                retry_after_s=max(1.0, self.lease_ttl_s / 3),
-                reason=UNAVAILABLE,
-            ) from exc
+            raise self._unavailable(exc) from exc
         except BaseException:
             await self._withdraw(key, waiter, enqueue, keep=False)
             raise
@@ -237,11 +233,7 @@ class SharedCoordinator:
 
     async def set_limits(self, limits: dict[str, int]) -> None:
         self._start()
-        try:
-            view = await asyncio.shield(self._spawn(self._backend.set_limits(dict(limits))))
-        except StoreUnavailable as exc:
-            raise self._unavailable(exc) from exc
-        self._learn(view)
+        self._learn(await self._ask(asyncio.shield(self._spawn(self._backend.set_limits(limits)))))
 
     async def snapshot(self) -> AdmissionSnapshot:
         try:
@@ -260,32 +252,24 @@ class SharedCoordinator:
         return snap
 
     async def shared_secret(self) -> bytes:
-        try:
-            return await self._backend.shared_secret()
-        except StoreUnavailable as exc:
-            raise self._unavailable(exc) from exc
+        return await self._ask(self._backend.shared_secret())
 
     async def put_value(self, key: str, value: str, ttl_s: float) -> None:
-        try:
-            await self._backend.put_value(key, value, ttl_s)
-        except StoreUnavailable as exc:
-            raise self._unavailable(exc) from exc
+        await self._ask(self._backend.put_value(key, value, ttl_s))
 
     async def get_value(self, key: str) -> str | None:
-        try:
-            return await self._backend.get_value(key)
-        except StoreUnavailable as exc:
-            raise self._unavailable(exc) from exc
+        return await self._ask(self._backend.get_value(key))
 
     async def values(self, prefix: str) -> dict[str, str]:
-        try:
-            return await self._backend.values(prefix)
-        except StoreUnavailable as exc:
-            raise self._unavailable(exc) from exc
+        return await self._ask(self._backend.values(prefix))
 
     async def delete_value(self, key: str) -> None:
+        await self._ask(self._backend.delete_value(key))
+
+    async def _ask(self, call: Awaitable[T]) -> T:
+        """A store call outside admission; an unreachable store is ``BusyError``."""
         try:
-            await self._backend.delete_value(key)
+            return await call
         except StoreUnavailable as exc:
             raise self._unavailable(exc) from exc
 
@@ -298,14 +282,14 @@ class SharedCoordinator:
         for task in self._tasks:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
-        ids = [*self._leases, *(k for k, w in self._waiters.items() if w.enqueued)]
-        ids.extend(self._orphans)
+        waiting = list(self._waiters)
         for waiter in self._waiters.values():
             if not waiter.future.done():
                 waiter.future.set_exception(PoolClosedError("coordinator closed"))
         self._waiters.clear()
-        if self._inflight:
+        if self._inflight:  # let enqueues in flight land, so that they are dropped too
             await asyncio.gather(*self._inflight, return_exceptions=True)
+        ids = [*self._leases, *waiting, *self._orphans]
         try:
             if ids:
                 await self._backend.drop(ids)
@@ -458,8 +442,10 @@ class SharedCoordinator:
                 self._has_waiters.clear()
                 await self._has_waiters.wait()
                 continue
+            # Jittered, so that processes polling the same store do not fall into step
+            # with each other or with the rhythm of the work.
             with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(interval):
+                async with asyncio.timeout(interval * random.uniform(0.5, 1.5)):
                     await self._poll_now.wait()
             self._poll_now.clear()
             waiting = [k for k, w in self._waiters.items() if w.enqueued]

@@ -506,17 +506,26 @@ class _RedisStore:
 
     async def _flush(self) -> None:
         batch, self._batch = self._batch, []
+        futures = [future for _, future in batch]
         try:
             replies = await self._pipeline([args for args, _ in batch])
         except _UNREACHABLE as exc:
             self._lost_contact = True
-            for _, future in batch:
+            for future in futures:
                 if not future.done():
                     error = StoreUnavailable(f"redis {self._where}: {exc}")
                     error.__cause__ = exc
                     future.set_exception(error)
             return
-        for (_, future), reply in zip(batch, replies, strict=True):
+        except BaseException as exc:  # nobody may be left waiting forever
+            for future in futures:
+                if not future.done():
+                    if isinstance(exc, Exception):
+                        future.set_exception(exc)
+                    else:
+                        future.cancel()
+            raise
+        for future, reply in zip(futures, replies, strict=True):
             if future.done():
                 continue
             if isinstance(reply, Exception):

@@ -16,12 +16,12 @@ they can never drift from the leases that justify them.
 
 Why it is shaped this way:
 
-* **One transaction per decision.** Every mutation (enqueue, release, withdraw,
-  set_limits, drop) is one ``BEGIN IMMEDIATE`` transaction that first deletes expired
-  leases and waiters, then applies the change, then runs :func:`plan_grants` over the
-  waiters in ``seq`` order with the held counts of the live leases and turns the
-  winners' rows into leases (same id). The write lock of ``BEGIN IMMEDIATE`` is the
-  fleet's critical section; ``plan_grants`` has no ``await`` and no I/O.
+* **Every decision inside the write lock.** Every mutation (enqueue, release,
+  withdraw, set_limits, drop) runs in a ``BEGIN IMMEDIATE`` transaction: it applies
+  the change, deletes expired leases and waiters, then runs :func:`plan_grants` over
+  the waiters in ``seq`` order with the held counts of the live leases and turns the
+  winners' rows into leases (same id). The write lock is the fleet's critical
+  section; ``plan_grants`` has no ``await`` and no I/O.
 * **Whoever commits, grants.** The process that frees a slot hands it to the head
   waiter whatever process that waiter belongs to; the owner discovers the lease on
   its next poll. Polls are read-only (``SELECT id FROM leases WHERE id IN (...)``)

@@ -16,9 +16,16 @@ import os
 import random
 import sys
 import time
+import types
 from pathlib import Path
 
-from pool.admission import GLOBAL_RESOURCE, WaitTicket, open_coordinator
+# Load pool.admission without running pool/__init__.py, which imports gradio_client
+# and friends: the worker then starts in ~0.4 s instead of ~1 s of CPU.
+_package = types.ModuleType("pool")
+_package.__path__ = [str(Path(__file__).resolve().parents[2] / "pool")]
+sys.modules.setdefault("pool", _package)
+
+from pool.admission import GLOBAL_RESOURCE, WaitTicket, open_coordinator  # noqa: E402
 
 SECONDS = 1.5
 LEASE_TTL_S = 1.0

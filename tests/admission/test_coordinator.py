@@ -347,11 +347,56 @@ async def test_release_after_close_is_quiet(shared_url: str) -> None:
     assert lease.released
 
 
-async def test_lease_outlives_its_ttl_while_renewed(shared_url: str, open_store: Opener) -> None:
-    """The heartbeat keeps a long-held lease alive past lease_ttl."""
+async def test_heartbeat_keeps_leases_and_waiters_past_their_ttl(
+    shared_url: str, open_store: Opener
+) -> None:
+    """The heartbeat keeps a long-held lease and a long wait alive past lease_ttl."""
     holder = open_store(shared_url, lease_ttl_s=0.6)
     observer = open_store(shared_url)
+    await holder.set_limits({GLOBAL: 1})
     lease: Lease = await holder.acquire([GLOBAL], timeout=1)
+    waiter, _ = await queue(holder, [GLOBAL])
     await asyncio.sleep(1.5)  # the behaviour under test is the passing of time
-    assert (await observer.snapshot()).held == {GLOBAL: 1}
+    snap = await observer.snapshot()
+    assert (snap.held, snap.waiting) == ({GLOBAL: 1}, 1)
     await holder.release(lease)
+    await holder.release(await waiter)
+
+
+def without_polling(url: str) -> str:
+    """The same store, for a coordinator that never polls (grants found only on exit)."""
+    return url + ("&" if "?" in url else "?") + "poll_ms=600000"
+
+
+async def test_grant_found_when_the_wait_times_out_is_kept(
+    shared_url: str, open_store: Opener
+) -> None:
+    """A grant that landed before the waiter noticed it is returned, not a BusyError."""
+    holder = open_store(shared_url)
+    slow = open_store(without_polling(shared_url))
+    await holder.set_limits({GLOBAL: 1})
+    held = await holder.acquire([GLOBAL], timeout=1)
+    waiter, _ = await queue(slow, [GLOBAL], timeout=0.5)
+    await holder.release(held)  # granted in the store; `slow` learns it at its timeout
+    lease = await waiter
+    assert (await holder.snapshot()).held == {GLOBAL: 1}
+    await slow.release(lease)
+
+
+async def test_grant_found_when_the_waiter_is_cancelled_is_passed_on(
+    shared_url: str, open_store: Opener
+) -> None:
+    """A waiter cancelled after an unnoticed grant frees the slot again."""
+    holder = open_store(shared_url)
+    slow = open_store(without_polling(shared_url))
+    await holder.set_limits({GLOBAL: 1})
+    held = await holder.acquire([GLOBAL], timeout=1)
+    waiter, _ = await queue(slow, [GLOBAL])
+    await holder.release(held)
+    if waiter.cancel():
+        with pytest.raises(asyncio.CancelledError):
+            await waiter
+    else:  # Redis pushed the grant before we could cancel: plain release
+        await slow.release(waiter.result())
+    snap = await holder.snapshot()
+    assert (snap.held, snap.waiting) == ({}, 0)

@@ -1,0 +1,118 @@
+"""Jobs readable from every worker: this worker's jobs mirrored to the coordinator.
+
+Several uvicorn workers (or hosts) share one coordinator; a client's GET, SSE or DELETE
+may land on a worker other than the one running the job. The running worker keeps the
+authoritative record in its :class:`~app._jobs.MemoryJobStore` (events, history) and
+writes each new version to the coordinator's shared values under ``job:<id>``, with
+the retention as TTL. Another worker answers from there: GET reads it, SSE polls it,
+DELETE leaves a ``jobcancel:<id>`` request that the owner's single poller picks up.
+
+The mirror is best effort: if the store is unreachable the job still runs and stays
+readable on its own worker.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import asdict
+from typing import Any
+
+from pool.admission import Coordinator
+
+from ._jobs import JobRecord, MemoryJobStore
+
+_log = logging.getLogger("spacepool.app")
+_JOB = "job:"
+_CANCEL = "jobcancel:"
+_POLL_S = 0.25
+
+
+class SharedJobStore:
+    """A :class:`~app._jobs.JobStore` whose jobs every worker can read and cancel."""
+
+    def __init__(
+        self, local: MemoryJobStore, coordinator: Callable[[], Coordinator], retention_s: float
+    ) -> None:
+        self.local = local
+        self._coordinator = coordinator
+        self._retention_s = retention_s
+
+    async def _mirror(self, record: JobRecord | None) -> None:
+        if record is None:
+            return
+        try:
+            await self._coordinator().put_value(
+                _JOB + record.job_id, json.dumps(asdict(record)), ttl_s=self._retention_s
+            )
+        except Exception as exc:  # best effort: the job goes on regardless
+            _log.warning("could not share job state (%s)", type(exc).__name__)
+
+    async def _remote(self, job_id: str) -> JobRecord | None:
+        try:
+            raw = await self._coordinator().get_value(_JOB + job_id)
+        except Exception:
+            return None
+        if raw is None:
+            return None
+        try:
+            return JobRecord(**json.loads(raw))
+        except (TypeError, ValueError):
+            return None
+
+    async def add(self, record: JobRecord) -> None:
+        await self.local.add(record)
+        await self._mirror(record)
+
+    async def get(self, job_id: str) -> JobRecord | None:
+        return await self.local.get(job_id) or await self._remote(job_id)
+
+    async def update(
+        self, job_id: str, *, expect_stage: str | None = None, **changes: Any
+    ) -> JobRecord | None:
+        if await self.local.get(job_id) is None:
+            return await self._remote(job_id)  # another worker's job: it owns the state
+        new = await self.local.update(job_id, expect_stage=expect_stage, **changes)
+        await self._mirror(new)
+        return new
+
+    async def changes(
+        self, job_id: str, after_version: int, timeout: float
+    ) -> list[dict[str, Any]] | None:
+        if await self.local.get(job_id) is not None:
+            return await self.local.changes(job_id, after_version, timeout)
+        deadline = time.monotonic() + max(timeout, 0.0)
+        while True:
+            record = await self._remote(job_id)
+            if record is None:
+                return None
+            if record.version > after_version:
+                return [record.view()]
+            if time.monotonic() >= deadline:
+                return []
+            await asyncio.sleep(_POLL_S)
+
+    async def counts(self) -> dict[str, int]:
+        return await self.local.counts()
+
+    async def request_cancel(self, job_id: str) -> None:
+        """Ask the worker that runs ``job_id`` to cancel it."""
+        with contextlib.suppress(Exception):
+            await self._coordinator().put_value(_CANCEL + job_id, "1", ttl_s=60.0)
+
+    async def cancel_requests(self) -> list[str]:
+        """Job ids whose cancellation some worker asked for (and forget the asks)."""
+        try:
+            asked = await self._coordinator().values(_CANCEL)
+        except Exception:
+            return []
+        ids = [key[len(_CANCEL):] for key in asked]
+        for job_id in ids:
+            if await self.local.get(job_id) is not None:
+                with contextlib.suppress(Exception):
+                    await self._coordinator().delete_value(_CANCEL + job_id)
+        return ids

@@ -1,0 +1,82 @@
+"""Jobs are readable and cancellable from any worker sharing the coordinator."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import httpx
+import pytest
+from fastapi import FastAPI
+
+from app._settings import ServiceSettings
+from app.main import create_app
+from devspaces import SpaceFleet
+from pool import Pool, PoolSettings, set_pool
+
+
+@pytest.fixture
+async def two_workers(
+    fleet: SpaceFleet, tmp_path: Path
+) -> AsyncIterator[tuple[httpx.AsyncClient, httpx.AsyncClient, Pool]]:
+    """Two app instances (two workers' job runners) over one SQLite coordinator."""
+    url = f"sqlite:///{tmp_path / 'shared' / 'coordinator.db'}"
+    pool = Pool(PoolSettings(spaces=fleet.pool_spaces_env(), coordinator_url=url))
+    set_pool(pool)
+    apps: list[FastAPI] = [create_app(ServiceSettings()) for _ in range(2)]
+    try:
+        async with apps[0].router.lifespan_context(apps[0]):
+            async with apps[1].router.lifespan_context(apps[1]):
+                clients = [
+                    httpx.AsyncClient(
+                        transport=httpx.ASGITransport(app=app), base_url="http://w", timeout=30
+                    )
+                    for app in apps
+                ]
+                yield clients[0], clients[1], pool
+                for client in clients:
+                    await client.aclose()
+    finally:
+        set_pool(None)
+
+
+async def test_job_created_on_one_worker_is_read_on_another(
+    two_workers: tuple[httpx.AsyncClient, httpx.AsyncClient, Pool],
+) -> None:
+    """A job started on worker A is followed to done through worker B (GET and SSE)."""
+    a, b, _ = two_workers
+    created = await a.post("/api/jobs", json={"api_name": "/echo", "args": ["hi", 1.0]})
+    assert created.status_code == 202
+    job_id = created.json()["job_id"]
+    first = await b.get(f"/api/jobs/{job_id}")
+    assert first.status_code == 200 and first.json()["stage"] in ("queued", "running")
+    stages: list[str] = []
+    async with b.stream("GET", f"/api/jobs/{job_id}/events") as stream:
+        async for line in stream.aiter_lines():
+            if line.startswith("data:"):
+                stages.append(json.loads(line[5:])["stage"])
+    assert stages[-1] == "done", stages
+    final = (await b.get(f"/api/jobs/{job_id}")).json()
+    assert final["stage"] == "done" and final["result"].endswith(":hi")
+    assert (await b.get("/api/jobs/nope-not-a-job")).status_code == 404
+
+
+async def test_job_cancelled_from_another_worker(
+    two_workers: tuple[httpx.AsyncClient, httpx.AsyncClient, Pool],
+) -> None:
+    """DELETE on worker B cancels the job that runs on worker A and frees its slot."""
+    a, b, pool = two_workers
+    created = await a.post("/api/jobs", json={"api_name": "/echo", "args": ["long", 30.0]})
+    job_id = created.json()["job_id"]
+    for _ in range(200):
+        if (await b.get(f"/api/jobs/{job_id}")).json()["stage"] == "running":
+            break
+        await asyncio.sleep(0.05)
+    cancelled = await b.delete(f"/api/jobs/{job_id}")
+    assert cancelled.status_code == 200
+    assert cancelled.json()["stage"] == "cancelled"
+    assert (await a.get(f"/api/jobs/{job_id}")).json()["stage"] == "cancelled"
+    stats = await pool.stats()
+    assert stats["inUseConnections"] == 0 and stats["admission"]["globalInUse"] == 0
