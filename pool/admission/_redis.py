@@ -189,7 +189,6 @@ local function grant_pass()
   local ids = redis.call('ZRANGE', QUEUE, 0, -1)
   if #ids == 0 then return {} end
   local counts = as_table(redis.call('HGETALL', HELD))
-  local reserved = {}
   local mine, others = {}, {}
   for _, id in ipairs(ids) do
     local rec = redis.call('HGET', WAITERS, id)
@@ -202,16 +201,11 @@ local function grant_pass()
         if is_private(r) and (counts[r] or 0) >= limit_of(r) then blocked = true; break end
       end
       if not blocked then
-        local short, n_short, touches_reserved = {}, 0, false
+        local fits = true
         for _, r in ipairs(w.r) do
-          if not is_private(r) then
-            if (counts[r] or 0) >= limit_of(r) then short[r] = true; n_short = n_short + 1 end
-            if reserved[r] then touches_reserved = true end
-          end
+          if (counts[r] or 0) >= limit_of(r) then fits = false; break end
         end
-        if n_short > 0 or touches_reserved then                -- (2) reserve what is short
-          for r in pairs(short) do reserved[r] = true end
-        else                                                   -- (3) grant, all or nothing
+        if fits then                                           -- (2) grant, all or nothing
           for _, r in ipairs(w.r) do counts[r] = (counts[r] or 0) + 1 end
           drop_waiter(id)
           make_lease(id, rec, w)
@@ -220,6 +214,10 @@ local function grant_pass()
           else
             others[w.o] = others[w.o] or {}
             table.insert(others[w.o], id)
+          end
+        else                                                   -- (3) hold its place in line
+          for _, r in ipairs(w.r) do
+            if not is_private(r) then counts[r] = (counts[r] or 0) + 1 end
           end
         end
       end

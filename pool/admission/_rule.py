@@ -7,30 +7,34 @@ two classes:
   compete for, and
 * **private** resources (``consumer:<hash>``) that only one consumer's requests use.
 
-The rule, applied to the waiters in arrival order, with a set ``reserved`` of
-shared resources that starts empty::
+The rule, applied to the waiters in arrival order, over counts that start as the
+slots held::
 
     for w in waiters (oldest first):
-        if any private resource of w is full:      skip w          (1)
-        short = shared resources of w that are full
-        if short or (shared(w) & reserved):        reserved |= short; skip w   (2)
-        else:                                      grant w                     (3)
+        if any private resource of w is full:      skip w                          (1)
+        elif every resource of w has a free slot:  grant w; count its slots        (2)
+        else:                                      count one slot of each shared
+                                                   resource of w as taken; skip w  (3)
 
 Why:
 
-* (1) a request held back only by its own consumer limit reserves nothing, so a
-  heavy user's backlog never delays another user's request (no monopoly, SPEC 4.5
-  property 3). It keeps its arrival position for when its own slot frees.
-* (2) a waiter that cannot be served reserves the shared resources it is short of.
-  A later waiter may not take a slot of a reserved resource, so nobody overtakes an
-  earlier waiter on a resource that earlier waiter is waiting for (FIFO, property 4).
-  Because a reservation only covers resources that are actually full, a free slot of
-  some *other* resource still goes to whoever can use it (work-conserving, property 5).
-* (3) grants are all-or-nothing (property 2) and never exceed a limit (property 1):
-  ``held`` is updated as grants are made within one pass.
+* (1) a request held back only by its own consumer limit takes no place in line on
+  the shared resources, so a heavy user's backlog never delays another user's
+  request (no monopoly, SPEC 4.5 property 3). It keeps its arrival position for when
+  its own slot frees.
+* (3) a waiter that cannot be served yet *holds its place*: one slot of each shared
+  resource it needs is set aside for it in this pass. A later waiter gets a slot of a
+  shared resource only if one is left beyond what every earlier waiter needs, so
+  nobody is overtaken on a Space or on the global resource (FIFO, property 4) and the
+  oldest waiter is served as soon as its resources free up (no starvation).
+* (2) grants are all-or-nothing (property 2) and never exceed a limit (property 1):
+  counts grow as grants are made within one pass. A slot stays idle only while an
+  earlier waiter has a claim on it — the work-conserving bound that property 5 allows
+  ("without breaking 4").
 
-There is no starvation: the oldest waiter that is not consumer-blocked reserves every
-shared resource it is short of, so each of those is handed to it as soon as it frees.
+The price of strict FIFO is head-of-line blocking: a waiter for a full Space sets
+aside a global slot that a request for another Space could have used. The pool keeps
+that cheap by routing users to the least-loaded Space and by the per-Space window.
 
 The function is pure and has no ``await``: the memory and SQLite stores call it inside
 their critical section; the Redis store runs the same rule in a Lua script
@@ -61,21 +65,18 @@ def plan_grants(
 ) -> list[K]:
     """Return the keys of the waiters to grant now, oldest first (see module doc)."""
     counts = dict(held)
-    reserved: set[str] = set()
     granted: list[K] = []
     for key, resources in waiters:
-        if any(
-            is_private(r) and counts.get(r, 0) >= limit_of(r) for r in resources
-        ):
+        if any(is_private(r) and counts.get(r, 0) >= limit_of(r) for r in resources):
             continue
-        shared = [r for r in resources if not is_private(r)]
-        short = {r for r in shared if counts.get(r, 0) >= limit_of(r)}
-        if short or not reserved.isdisjoint(shared):
-            reserved |= short
-            continue
-        for r in resources:
-            counts[r] = counts.get(r, 0) + 1
-        granted.append(key)
+        if all(counts.get(r, 0) < limit_of(r) for r in resources):
+            for r in resources:
+                counts[r] = counts.get(r, 0) + 1
+            granted.append(key)
+        else:
+            for r in resources:
+                if not is_private(r):
+                    counts[r] = counts.get(r, 0) + 1
     return granted
 
 

@@ -49,15 +49,17 @@ async def test_a_full_resource_times_out_the_next_request(coord: Coordinator) ->
 
 
 async def test_a_waiter_holds_nothing_until_it_holds_everything(coord: Coordinator) -> None:
-    """All-or-nothing: a waiter short of one resource holds none, and others may use them."""
+    """All-or-nothing: a waiter short of one resource holds none, but keeps its place."""
     await coord.set_limits({A: 1, B: 1})
     b = await coord.acquire([B], timeout=1)
     both, _ = await queue(coord, [A, B])
     snap = await coord.snapshot()
     assert snap.held == {B: 1}
     assert snap.queued == {A: 1, B: 1}
-    a = await coord.acquire([A], timeout=0)  # A is free: the waiter did not take it
-    await coord.release(a)
+    with pytest.raises(BusyError):  # A is free, but the earlier waiter's place on it is kept
+        await coord.acquire([A], timeout=0)
+    other = await coord.acquire(["space:unrelated"], timeout=0)  # nobody waits for this one
+    await coord.release(other)
     await coord.release(b)
     lease = await both
     assert (await coord.snapshot()).held == {A: 1, B: 1}
@@ -96,13 +98,15 @@ async def test_a_later_waiter_never_takes_a_slot_an_earlier_one_is_short_of(
 
 
 async def test_free_slots_of_other_resources_are_used(coord: Coordinator) -> None:
-    """Work-conserving: a waiter short of Space A does not stop a request for Space B."""
-    await coord.set_limits({GLOBAL: 2, A: 1})
+    """Work-conserving within FIFO: slots beyond earlier waiters' places go to later ones."""
+    await coord.set_limits({GLOBAL: 3, A: 1})
     holder = await coord.acquire([GLOBAL, A], timeout=1)
-    waiting_a, _ = await queue(coord, [GLOBAL, A])
-    other = await coord.acquire([GLOBAL, B], timeout=0)  # later, but B and global are free
+    waiting_a, _ = await queue(coord, [GLOBAL, A])  # short of A: holds a place on global
+    other = await coord.acquire([GLOBAL, B], timeout=0)  # the third global slot is free
+    with pytest.raises(BusyError):  # no global slot left beyond the earlier waiter's place
+        await coord.acquire([GLOBAL, B], timeout=0)
     assert not waiting_a.done()
-    await coord.release(holder)  # global is full again (other + the waiter): it gets it
+    await coord.release(holder)
     lease = await waiting_a
     assert (await coord.snapshot()).held == {GLOBAL: 2, A: 1, B: 1}
     await coord.release(other)

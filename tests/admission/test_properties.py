@@ -7,10 +7,11 @@ granted, and the observed state must satisfy SPEC 4.5 properties 1–5 directly:
 1. safety — no resource has more holders than its limit;
 2. all-or-nothing — the store's holder counts are exactly those of the whole leases;
 3. no monopoly and 5. work conservation — a waiter that would fit is only ever held
-   back by an earlier waiter that is short of one of its shared resources and is
-   not itself blocked by its consumer limit;
+   back by the places earlier waiters hold in line on its shared resources (a
+   waiter blocked by its own consumer limit holds no place);
 4. FIFO — replaying a step's grants in arrival order, every waiter left waiting was
-   short of a slot at its turn: no later waiter was served in its place.
+   short of a slot at its turn, counting the places of the waiters before it: no
+   later waiter was served in its place.
 """
 
 from __future__ import annotations
@@ -66,13 +67,12 @@ class Model:
         return Counter(r for res in self.held.values() for r in res)
 
     def grant(self) -> set[int]:
-        counts, reserved, granted = self.counts(), set[str](), set[int]()
+        counts, granted = self.counts(), set[int]()
         for rid, res in list(self.queue.items()):
             if consumer_blocked(res, counts):
                 continue
-            short = short_of(res, counts)
-            if short or reserved & {r for r in res if not private(r)}:
-                reserved |= short
+            if short_of(res, counts):
+                counts.update(r for r in res if not private(r))  # holds its place
                 continue
             counts.update(res)
             self.held[rid] = self.queue.pop(rid)
@@ -183,14 +183,14 @@ async def check(
     snap = await coord.snapshot()
     assert snap.held == dict(+counts), "2: store holders differ from whole leases"
     waiting = [(rid, model.queue[rid]) for rid in tasks]
-    for index, (rid, res) in enumerate(waiting):
-        if short_of(res, counts) or consumer_blocked(res, counts):
+    claimed = Counter(counts)  # slots held plus the places earlier waiters hold in line
+    for rid, res in waiting:
+        if consumer_blocked(res, counts):
             continue
-        shared = {r for r in res if not private(r)}
-        assert any(
-            not consumer_blocked(v, counts) and short_of(v, counts) & shared
-            for _, v in waiting[:index]
-        ), f"3/5: waiter {rid} fits but nothing ahead of it is short of its resources"
+        assert short_of(res, claimed), (
+            f"3/5: waiter {rid} fits even after every earlier waiter's claim, yet waits"
+        )
+        claimed.update(r for r in res if not private(r))
     # 4: replay this step's grants in arrival order from the counts before them: a
     # waiter left waiting must not have fitted at its turn (nobody overtook it).
     replay = Counter(before)
@@ -203,10 +203,11 @@ async def check(
             continue  # timed out in this step
         if rid in granted:
             replay.update(res)
-        else:
-            assert short_of(res, replay) or consumer_blocked(res, replay), (
+        elif not consumer_blocked(res, replay):
+            assert short_of(res, replay), (
                 f"4: waiter {rid} fitted at its turn but a later one was served"
             )
+            replay.update(r for r in res if not private(r))  # nobody later takes its place
 
 
 @pytest.mark.parametrize("kind", STORES)
