@@ -165,6 +165,8 @@ class Pool:
             self._last_health_at = self._clock()
             self._maintenance = asyncio.get_running_loop().create_task(self._maintain())
             self._started = True
+            with contextlib.suppress(Exception):  # appear in fleet stats at once
+                await self._publish()
 
     @property
     def coordinator(self) -> Coordinator:

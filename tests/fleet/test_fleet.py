@@ -169,3 +169,37 @@ def test_uvicorn_workers_share_the_default_coordinator(
             server.wait(timeout=15)
         except subprocess.TimeoutExpired:
             server.kill()
+
+
+async def test_pool_stats_cover_the_whole_fleet(fleet3: SpaceFleet, tmp_path: Path) -> None:
+    """Any pool on a shared store reports every process's connections and the queue."""
+    url = next(make_url("sqlite", tmp_path, "stats"))
+    pools = [
+        Pool(PoolSettings(spaces=fleet3.pool_spaces_env(), coordinator_url=url,
+                          min_connections=2, max_connections=4))
+        for _ in range(2)
+    ]
+    try:
+        await pools[1].start()  # started, as the app's lifespan does, but never used
+        async with pools[0].client(space="alpha") as client:
+            await client.predict("x", 0, api_name="/echo")
+            while pools[0].spaces["alpha"].total < 2:
+                await asyncio.sleep(0.05)
+            # Each process publishes its snapshot every 2 s: wait for a fresh one.
+            deadline = time.monotonic() + 10
+            while True:
+                stats = await pools[1].stats()
+                if stats["pools"]["alpha"]["totalConnections"] == 2 or time.monotonic() > deadline:
+                    break
+                await asyncio.sleep(0.1)
+            assert stats["processes"] == 2
+            assert stats["pools"]["alpha"]["totalConnections"] == 2
+            assert stats["pools"]["alpha"]["inUseConnections"] == 1
+            assert stats["inUseConnections"] == 1
+            assert stats["admission"]["globalInUse"] == 1
+        await pools[0].aclose()
+        after = await pools[1].stats()
+        assert after["processes"] == 1 and after["totalConnections"] == 0
+    finally:
+        for pool in pools:
+            await pool.aclose()
