@@ -27,17 +27,19 @@ async def two_workers(
     set_pool(pool)
     apps: list[FastAPI] = [create_app(ServiceSettings()) for _ in range(2)]
     try:
-        async with apps[0].router.lifespan_context(apps[0]):
-            async with apps[1].router.lifespan_context(apps[1]):
-                clients = [
-                    httpx.AsyncClient(
-                        transport=httpx.ASGITransport(app=app), base_url="http://w", timeout=30
-                    )
-                    for app in apps
-                ]
-                yield clients[0], clients[1], pool
-                for client in clients:
-                    await client.aclose()
+        async with (
+            apps[0].router.lifespan_context(apps[0]),
+            apps[1].router.lifespan_context(apps[1]),
+        ):
+            clients = [
+                httpx.AsyncClient(
+                    transport=httpx.ASGITransport(app=app), base_url="http://w", timeout=30
+                )
+                for app in apps
+            ]
+            yield clients[0], clients[1], pool
+            for client in clients:
+                await client.aclose()
     finally:
         set_pool(None)
 
