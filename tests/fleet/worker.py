@@ -25,7 +25,7 @@ async def main(spaces: str, url: str, count: int, tag: str) -> None:
         try:
             async with pool.client(user) as client:
                 start = time.time()
-                result = await client.predict(f"{tag}-{i}", 0.1, api_name="/echo")
+                result = await client.predict(f"{tag}-{i}", 0.05, api_name="/echo")
                 end = time.time()
             ok = result == f"{client.space}:{tag}-{i}"
             records.append({"user": user, "start": start, "end": end, "ok": ok})
