@@ -7,8 +7,10 @@ blocking (gradio_client is synchronous) and always run in worker threads.
 from __future__ import annotations
 
 import enum
+import functools
 import itertools
 import os
+import ssl
 import time
 from collections.abc import Callable
 from typing import Any
@@ -81,6 +83,23 @@ def quiet_gradio_env() -> None:
     os.environ.setdefault("HF_HUB_DISABLE_IMPLICIT_TOKEN", "1")
 
 
+@functools.cache
+def shared_ssl_context() -> ssl.SSLContext:
+    """One TLS context for every connection.
+
+    gradio_client passes ``verify=<bool>`` to each httpx call, which makes httpx load
+    the CA bundle again for every request (30 % of a busy pool's CPU, and most of its
+    memory, in scripts/bench). A context object is used as given. Honours
+    ``SSL_CERT_FILE`` / ``SSL_CERT_DIR`` as httpx does.
+    """
+    cafile, capath = os.environ.get("SSL_CERT_FILE"), os.environ.get("SSL_CERT_DIR")
+    if cafile or capath:
+        return ssl.create_default_context(cafile=cafile, capath=capath)
+    import certifi
+
+    return ssl.create_default_context(cafile=certifi.where())
+
+
 def gradio_factory(
     *, token: str | None, connect_timeout_s: float, read_timeout_s: float, max_workers: int
 ) -> ClientFactory:
@@ -96,6 +115,7 @@ def gradio_factory(
             verbose=False,
             download_files=False,
             analytics_enabled=False,
+            ssl_verify=shared_ssl_context(),
             httpx_kwargs={"timeout": httpx.Timeout(connect_timeout_s, read=read_timeout_s)},
         )
 
