@@ -9,13 +9,14 @@ jump the queue between the wake-up and the waiter running (trio's parking lot).
 from __future__ import annotations
 
 import asyncio
+import itertools
 import os
 import time
 from collections import OrderedDict
 from collections.abc import Sequence
 
 from .._exceptions import BusyError, MisuseError, PoolClosedError
-from ._protocol import AdmissionSnapshot, Lease, WaitTicket, new_id
+from ._protocol import AdmissionSnapshot, Lease, WaitTicket
 from ._rule import bottleneck_capacity, estimate_wait_s, limit_lookup, plan_grants
 
 
@@ -41,12 +42,20 @@ class MemoryCoordinator:
         self._mean_hold_s = 1.0
         self._secret = os.urandom(32)
         self._values: dict[str, tuple[str, float]] = {}
+        self._keys = itertools.count(1)  # waiter and lease ids: unique in this process
 
     async def acquire(
         self, resources: Sequence[str], *, timeout: float, ticket: WaitTicket | None = None
     ) -> Lease:
-        key = new_id()
-        waiter = _Waiter(tuple(resources), ticket or WaitTicket())
+        wanted = tuple(resources)
+        if not self._waiters:
+            # Fast path: nobody waits, so FIFO cannot be broken; grant without a waiter,
+            # a future or a timeout if every resource has a free slot.
+            limit_of = limit_lookup(self._limits)
+            if all(self._held.get(r, 0) < limit_of(r) for r in wanted):
+                return self._grant(wanted)
+        key = str(next(self._keys))
+        waiter = _Waiter(wanted, ticket or WaitTicket())
         self._waiters[key] = waiter
         self._assign()
         try:
@@ -86,18 +95,22 @@ class MemoryCoordinator:
                 self._held.pop(r, None)
         held_s = time.monotonic() - lease.granted_at
         self._mean_hold_s = 0.8 * self._mean_hold_s + 0.2 * max(held_s, 0.0)
-        self._assign()
+        if self._waiters:
+            self._assign()
+
+    def _grant(self, resources: tuple[str, ...]) -> Lease:
+        lease = Lease(str(next(self._keys)), resources)
+        self._leases[lease.lease_id] = lease
+        for r in resources:
+            self._held[r] = self._held.get(r, 0) + 1
+        return lease
 
     def _assign(self) -> None:
         limit_of = limit_lookup(self._limits)
         pending = [(k, w.resources) for k, w in self._waiters.items() if not w.future.done()]
         for key in plan_grants(pending, self._held, limit_of):
             waiter = self._waiters.pop(key)
-            lease = Lease(new_id(), waiter.resources)
-            self._leases[lease.lease_id] = lease
-            for r in lease.resources:
-                self._held[r] = self._held.get(r, 0) + 1
-            waiter.future.set_result(lease)
+            waiter.future.set_result(self._grant(waiter.resources))
         for position, waiter in enumerate(self._waiters.values(), start=1):
             waiter.ticket.position = position
             capacity = bottleneck_capacity(waiter.resources, limit_of)
