@@ -394,10 +394,6 @@ class SpaceFleet:
         """The POOL_SPACES value: ``alpha=http://127.0.0.1:P1/,beta=http://127.0.0.1:P2/``."""
         return ",".join(f"{space.name}={space.url}" for space in self.spaces)
 
-    def total_peak(self) -> int:
-        """Sum of every Space's peak concurrency since its last reset (an upper bound)."""
-        return sum(space.stats().peak for space in self.spaces)
-
     def concurrent_peak(self) -> int:
         """The most calls that ran at the same moment across every Space of the fleet,
         from the intervals the Spaces recorded (finished calls since the last reset)."""

@@ -42,6 +42,27 @@ def make_settings(fleet: SpaceFleet, **overrides: object) -> PoolSettings:
     return PoolSettings(**values)  # type: ignore[arg-type]
 
 
+# The pool-stats keys SPEC section 5 promises (more are welcome).
+SPEC5_KEYS = {
+    "pools",
+    "totalConnections",
+    "availableConnections",
+    "inUseConnections",
+    "totalQueued",
+    "userAssignments",
+    "initialized",
+    "healthCheckRunning",
+    "lastHealthCheck",
+}
+SPEC5_POOL_KEYS = {
+    "totalConnections",
+    "availableConnections",
+    "inUseConnections",
+    "queueLength",
+    "healthyConnections",
+    "unhealthyConnections",
+}
+
 PoolMaker = Callable[..., Pool]
 
 

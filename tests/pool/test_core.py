@@ -16,27 +16,7 @@ from pool import (
     UpstreamAppError,
     WaitTicket,
 )
-from tests.conftest import PoolMaker
-
-SPEC5_KEYS = {
-    "pools",
-    "totalConnections",
-    "availableConnections",
-    "inUseConnections",
-    "totalQueued",
-    "userAssignments",
-    "initialized",
-    "healthCheckRunning",
-    "lastHealthCheck",
-}
-SPEC5_POOL_KEYS = {
-    "totalConnections",
-    "availableConnections",
-    "inUseConnections",
-    "queueLength",
-    "healthyConnections",
-    "unhealthyConnections",
-}
+from tests.conftest import SPEC5_KEYS, SPEC5_POOL_KEYS, PoolMaker
 
 
 async def wait_until(predicate: object, timeout_s: float = 15.0) -> None:
