@@ -22,9 +22,11 @@ from ._exceptions import (
 )
 
 # Kinds of provider failure: the Space (not the caller) is in trouble.
+# A caller's deadline that passes counts too: the Space did not answer in time.
 PROVIDER_KINDS = frozenset(
-    {"connect", "timeout", "transport", "dropped", "queue_full", "rate_limited", "http_5xx"}
-)
+    {"connect", "timeout", "transport", "dropped", "queue_full", "rate_limited", "http_5xx",
+     "deadline", "invalid_state", "not_found"}
+)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -37,8 +39,11 @@ class Classified:
         return self.error.kind in PROVIDER_KINDS
 
 
-def _transport(kind: str, message: str, discard: bool = True) -> Classified:
-    return Classified(UpstreamTransportError(message, kind=kind), discard)
+def _transport(
+    kind: str, message: str, discard: bool = True, *, before_accept: bool = False
+) -> Classified:
+    return Classified(UpstreamTransportError(message, kind=kind, before_accept=before_accept),
+                      discard)
 
 
 def classify(exc: BaseException) -> Classified:
@@ -51,13 +56,19 @@ def classify(exc: BaseException) -> Classified:
     if isinstance(exc, ValidationError):
         return Classified(InvalidRequest(f"the Space rejected the input: {exc}"), False)
     if isinstance(exc, QueueError):
-        return _transport("queue_full", "the Space's queue is full", discard=False)
+        return _transport(
+            "queue_full", "the Space's queue is full", discard=False, before_accept=True
+        )
     if isinstance(exc, TooManyRequestsError):
-        return _transport("rate_limited", "the Space is rate limiting (429)", discard=False)
+        return _transport(
+            "rate_limited", "the Space is rate limiting (429)", discard=False, before_accept=True
+        )
     if isinstance(exc, AuthenticationError):
         return Classified(UpstreamError("the Space refused our credentials (401)"), True)
     if isinstance(exc, httpx.ConnectError):
-        return _transport("connect", "could not connect to the Space")
+        return _transport("connect", "could not connect to the Space", before_accept=True)
+    if isinstance(exc, httpx.ConnectTimeout):
+        return _transport("timeout", "the Space did not answer in time", before_accept=True)
     if isinstance(exc, httpx.TimeoutException):
         return _transport("timeout", "the Space did not answer in time")
     if isinstance(exc, httpx.HTTPStatusError):

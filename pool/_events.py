@@ -18,7 +18,14 @@ EventKind = Literal[
     "finished",  # a lease ended; outcome = "ok" or an error kind; seconds = time held
     "health",  # one probe; outcome = "ok" | "failed" | "restarted"
     "assignment",  # a user was pinned or moved to a Space
-    "failover",  # a Space was skipped; outcome = the failure kind
+    "failover",  # a Space was skipped; outcome = the reason (failure kind, breaker_open, …)
+    "window",  # the adaptive window moved; outcome = "increase" | "decrease"; value = window
+    "breaker",  # the breaker changed; outcome = "open" | "half_open" | "closed"
+    "retry",  # a request is tried again; outcome = the failure kind that caused it
+    "provider_error",  # a provider failure; outcome = its kind (timeout, queue_full, …)
+    "policy",  # refused before sending; outcome = the reason code
+    "wake",  # outcome = "started" | "awake" | "timeout"; seconds = time spent waking
+    "pause",  # the pool paused an idle Space (outcome = "paused") or failed to ("failed")
 ]
 
 
@@ -28,6 +35,7 @@ class PoolEvent:
     space: str | None = None
     outcome: str | None = None
     seconds: float = 0.0
+    value: float | None = None
 
 
 Hook = Callable[[PoolEvent], None]

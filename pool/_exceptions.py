@@ -8,7 +8,8 @@ gradio_client, httpx and huggingface_hub are mapped to it at the boundary
     ├── BusyError                 no admission within the queue deadline (or the
     │                             coordinator is unreachable): carries queue_position
     │                             and retry_after_s; the caller should come back later
-    ├── NoHealthySpaceError       every candidate Space failed or is unhealthy
+    ├── NoHealthySpaceError       every candidate Space failed, is unhealthy, has its
+    │                             breaker open, or did not wake up in time
     ├── DeadlineExceeded          the per-request deadline passed; the upstream job
     │                             was cancelled and the slot freed
     ├── RefusedByPolicy           refused before sending (e.g. a secret in the payload);
@@ -20,7 +21,8 @@ gradio_client, httpx and huggingface_hub are mapped to it at the boundary
     ├── UpstreamError             the Space failed to serve a valid request
     │   ├── UpstreamAppError      the app itself raised (gr.Error, exception in the fn)
     │   └── UpstreamTransportError  connection refused/dropped, timeout, 5xx, queue full
-    │                             (``kind`` tells which; these count as provider failures)
+    │                             (``kind`` tells which; these count as provider failures;
+    │                             ``before_accept``: the Space never took the request)
     └── MisuseError               programming errors: handle used after release, lease
         │                         released twice or by a non-owner, pool closed
         └── PoolClosedError
@@ -125,11 +127,18 @@ class UpstreamAppError(UpstreamError):
 
 
 class UpstreamTransportError(UpstreamError):
-    """Transport-level or provider-pressure failure; ``kind`` says which."""
+    """Transport-level or provider-pressure failure; ``kind`` says which.
 
-    def __init__(self, message: str, *, kind: str = "transport") -> None:
+    ``before_accept`` is True when the Space never took the request (queue full, 429,
+    connection refused): repeating it cannot run it twice.
+    """
+
+    def __init__(
+        self, message: str, *, kind: str = "transport", before_accept: bool = False
+    ) -> None:
         super().__init__(message)
         self.kind = kind
+        self.before_accept = before_accept
 
 
 class MisuseError(PoolError):

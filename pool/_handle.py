@@ -20,6 +20,7 @@ from ._connection import Connection
 from ._errors import Classified, classify
 from ._exceptions import DeadlineExceeded, InvalidRequest, MisuseError, UnknownEndpoint
 from ._guard import check_outbound
+from .resilience import Outcome
 
 FailureHook = Callable[[Classified], None]
 _RESERVED = frozenset({"fn_index", "headers", "result_callbacks"})
@@ -50,14 +51,16 @@ class PooledJob:
         started = time.monotonic()
         try:
             async with asyncio.timeout(timeout):
-                return await asyncio.shield(self._future)
+                result = await asyncio.shield(self._future)
         except TimeoutError:
             self._handle._dirty = True
             await self.cancel()
-            raise DeadlineExceeded(
+            error = DeadlineExceeded(
                 f"deadline of {timeout:.1f}s passed after {time.monotonic() - started:.1f}s; "
                 "the upstream job was cancelled"
-            ) from None
+            )
+            self._handle._failed(Classified(error, False))
+            raise error from None
         except asyncio.CancelledError:
             task = asyncio.current_task()
             if self._future.done() and task is not None and not task.cancelling():
@@ -76,6 +79,8 @@ class PooledJob:
             classified = classify(exc)
             self._handle._failed(classified)
             raise classified.error from exc
+        self._handle.outcome = "success"
+        return result
 
     async def cancel(self) -> None:
         """Cancel the job upstream (posts the Space's ``/cancel``)."""
@@ -127,6 +132,9 @@ class PooledClient:
         self._jobs: list[PooledJob] = []
         self._dirty = False
         self.broken = False
+        # What the last job said about the Space's capacity (the adaptive window's
+        # signal): success, a provider failure, or neutral (nothing learned).
+        self.outcome: Outcome = "neutral"
 
     @property
     def raw(self) -> Any:
@@ -173,6 +181,7 @@ class PooledClient:
     def _failed(self, classified: Classified) -> None:
         if classified.discard_connection:
             self.broken = True
+        self.outcome = "failure" if classified.provider_failure else "neutral"
         self._on_failure(classified)
 
     def _detach(self) -> bool:

@@ -37,6 +37,19 @@ class PoolSettings(BaseSettings):
     connect_attempts: int = Field(default=3, ge=1)
     read_timeout_s: float = Field(default=60.0, gt=0)
     client_max_workers: int = Field(default=2, ge=1, le=40)
+    window_initial: int = Field(default=4, ge=1, description="adaptive window at start")
+    window_max: int = Field(default=100, ge=1, description="logical ceiling of the window")
+    window_grow_after: int = Field(default=3, ge=1, description="successes in a row per +1")
+    breaker_failures: int = Field(default=5, ge=1, description="provider failures to open")
+    breaker_cooldown_s: float = Field(default=30.0, gt=0)
+    retry_attempts: int = Field(default=3, ge=1, le=10, description="attempts per request")
+    retry_backoff_s: float = Field(default=0.25, ge=0)
+    retry_backoff_max_s: float = Field(default=5.0, ge=0)
+    wake_timeout_s: float = Field(default=120.0, gt=0, description="wake deadline")
+    wake_poll_s: float = Field(default=1.0, gt=0)
+    idle_pause_s: float = Field(default=0.0, ge=0, description="0: never pause idle Spaces")
+    pause_spaces: str = Field(default="", description="Spaces the pool may pause; * for all")
+    min_uptime_s: float = Field(default=600.0, ge=0, description="no idle pause before this")
     secret_guard: Literal["auto", "on", "off"] = Field(
         default="auto", description="refuse payloads carrying secrets; auto = Hub Spaces only"
     )
@@ -50,6 +63,9 @@ class PoolSettings(BaseSettings):
         if self.min_connections > self.max_connections:
             raise ValueError("POOL_MIN_CONNECTIONS must not exceed POOL_MAX_CONNECTIONS")
         return self
+
+    def pause_names(self) -> frozenset[str]:
+        return frozenset(n.strip() for n in self.pause_spaces.split(",") if n.strip())
 
     def space_entries(self) -> list[str]:
         return [entry.strip() for entry in self.spaces.split(",") if entry.strip()]

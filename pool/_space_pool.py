@@ -292,6 +292,15 @@ class SpacePool:
         for conn in stale:
             self._close_later(conn)
 
+    def busy(self) -> bool:
+        """Leased connections or local waiters (work this process is doing here)."""
+        return bool(self._leased) or any(not f.done() for f in self._waiters)
+
+    def drop_idle(self) -> None:
+        """Close every idle connection (the Space is being paused); no top-up."""
+        self.generation += 1
+        self._drop_stale_idle()
+
     def idle_sample(self, count: int) -> list[Connection]:
         """Up to ``count`` idle connections, least recently used first."""
         return self._idle[:count]

@@ -133,6 +133,12 @@ class SharedStore(Protocol):
 
     async def delete_value(self, key: str) -> None: ...
 
+    async def update_value(
+        self, key: str, update: Callable[[str | None], str | None], ttl_s: float
+    ) -> str | None:
+        """Atomic read-modify-write of one value (see the Coordinator protocol)."""
+        ...
+
     async def watch(
         self, on_grant: Callable[[Iterable[str]], None], on_resume: Callable[[], None]
     ) -> None:
@@ -265,6 +271,11 @@ class SharedCoordinator:
 
     async def delete_value(self, key: str) -> None:
         await self._ask(self._backend.delete_value(key))
+
+    async def update_value(
+        self, key: str, update: Callable[[str | None], str | None], ttl_s: float
+    ) -> str | None:
+        return await self._ask(self._backend.update_value(key, update, ttl_s))
 
     async def _ask(self, call: Awaitable[T]) -> T:
         """A store call outside admission; an unreachable store is ``BusyError``."""

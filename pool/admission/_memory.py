@@ -13,7 +13,7 @@ import itertools
 import os
 import time
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from .._exceptions import BusyError, MisuseError, PoolClosedError
 from ._protocol import AdmissionSnapshot, Lease, WaitTicket
@@ -157,6 +157,16 @@ class MemoryCoordinator:
 
     async def delete_value(self, key: str) -> None:
         self._values.pop(key, None)
+
+    async def update_value(
+        self, key: str, update: Callable[[str | None], str | None], ttl_s: float
+    ) -> str | None:
+        current = await self.get_value(key)  # no await inside: atomic on the loop
+        new = update(current)
+        if new is None:
+            return current
+        self._values[key] = (new, time.monotonic() + ttl_s)
+        return new
 
     async def shared_secret(self) -> bytes:
         return self._secret

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -24,6 +24,8 @@ class WaitTicket:
     position: int = 0
     estimate_s: float = 0.0
     enqueued_at: float = field(default_factory=time.monotonic)
+    stage: str = "queued"  # "waking" while the pool waits for a sleeping Space to start
+    space: str | None = None  # the Space being woken
 
 
 class Lease:
@@ -107,6 +109,17 @@ class Coordinator(Protocol):
         ...
 
     async def delete_value(self, key: str) -> None: ...
+
+    async def update_value(
+        self, key: str, update: Callable[[str | None], str | None], ttl_s: float
+    ) -> str | None:
+        """Atomically replace the value under ``key`` with ``update(current)``.
+
+        ``update`` is a pure function (no I/O: it may run more than once when another
+        process writes the key at the same moment); returning None leaves the value as
+        it is. Returns the value stored afterwards (None if there is none).
+        """
+        ...
 
     async def shared_secret(self) -> bytes:
         """A random key shared by every process on this store (keys user hashes)."""

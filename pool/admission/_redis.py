@@ -75,6 +75,7 @@ from ._protocol import AdmissionSnapshot, new_id
 _log = logging.getLogger("pool.admission")
 
 _KEYS = ("meta", "limits", "held", "queue", "waiters", "wexp", "leases", "lexp", "kv", "kvexp")
+_CAS_ATTEMPTS = 16
 _UNREACHABLE = (RedisConnectionError, RedisTimeoutError, ReadOnlyError, OSError)
 
 _SCRIPT = r"""
@@ -342,6 +343,20 @@ elseif op == 'kv_put' then
   local key = ARGV[5]
   redis.call('HSET', KV, key, ARGV[6])
   redis.call('ZADD', KVEXP, now + tonumber(ARGV[7]), key)
+  return {'OK'}
+
+elseif op == 'kv_cas' then
+  -- compare-and-set: write ARGV[8] only if the live value is still ARGV[7]
+  -- (ARGV[6] == '1'), or absent (ARGV[6] == '0'); else answer the live value
+  local key = ARGV[5]
+  local current = redis.call('HGET', KV, key)
+  local expiry = redis.call('ZSCORE', KVEXP, key)
+  if current and expiry and tonumber(expiry) <= now then current = false end
+  local expected = false
+  if ARGV[6] == '1' then expected = ARGV[7] end
+  if current ~= expected then return {'CONFLICT', current} end
+  redis.call('HSET', KV, key, ARGV[8])
+  redis.call('ZADD', KVEXP, now + tonumber(ARGV[9]), key)
   return {'OK'}
 
 elseif op == 'kv_get' or op == 'kv_values' or op == 'kv_del' then
@@ -640,6 +655,24 @@ class _RedisStore:
 
     async def delete_value(self, key: str) -> None:
         await self._call("kv_del", key)
+
+    async def update_value(
+        self, key: str, update: Callable[[str | None], str | None], ttl_s: float
+    ) -> str | None:
+        # Optimistic: read, compute, compare-and-set; a write by another process in
+        # between makes the script answer CONFLICT with the live value, and we go again.
+        current = await self.get_value(key)
+        ttl_ms = max(1, round(ttl_s * 1000))
+        for _ in range(_CAS_ATTEMPTS):
+            new = update(current)
+            if new is None:
+                return current
+            known = ("0", "") if current is None else ("1", current)
+            reply = await self._call("kv_cas", key, *known, new, ttl_ms)
+            if reply[0] == "OK":
+                return new
+            current = None if reply[1] is False else str(reply[1])
+        raise StoreUnavailable(f"redis {self._where}: value {key!r} keeps changing")
 
     async def watch(
         self, on_grant: Callable[[Iterable[str]], None], on_resume: Callable[[], None]

@@ -284,6 +284,26 @@ class _SQLiteStore:
     async def delete_value(self, key: str) -> None:
         await self._transact(lambda c, _now: c.execute("DELETE FROM kv WHERE key = ?", (key,)))
 
+    async def update_value(
+        self, key: str, update: Callable[[str | None], str | None], ttl_s: float
+    ) -> str | None:
+        def swap(conn: sqlite3.Connection, now: float) -> str | None:
+            row = conn.execute(
+                "SELECT value FROM kv WHERE key = ? AND expires_at > ?", (key, now)
+            ).fetchone()
+            current = None if row is None else str(row[0])
+            new = update(current)
+            if new is None:
+                return current
+            conn.execute(
+                "INSERT INTO kv (key, value, expires_at) VALUES (?, ?, ?) ON CONFLICT (key)"
+                " DO UPDATE SET value = excluded.value, expires_at = excluded.expires_at",
+                (key, new, now + ttl_s),
+            )
+            return new
+
+        return await self._transact(swap)  # BEGIN IMMEDIATE: atomic across processes
+
     async def close(self) -> None:
         if self._thread is None:
             return
