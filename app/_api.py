@@ -1,6 +1,7 @@
 """The HTTP endpoints (SPEC 5), written the way a user's own handlers would use the pool.
 
-Handlers do the happy path only: ``get_pool().client(...)`` then ``predict``. Every
+Handlers do the happy path only: ``get_pool().predict(...)`` (admission, retries,
+failover, deadline) or ``get_pool().client(...)``. Every
 failure is an exception that :mod:`app._errors` answers, so no handler builds an error
 response itself. A handler fills in the request's log context (Space, queued time,
 hashed user) for the one access-log line.
@@ -10,14 +11,13 @@ from __future__ import annotations
 
 import json
 import logging
-import time
 from collections.abc import AsyncIterator
 from typing import Any
 
 from fastapi import APIRouter, Depends, Header, Request, Response
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from pool import DeadlineExceeded, Pool, UnknownSpace, get_pool
+from pool import Pool, UnknownSpace, get_pool
 
 from . import _metrics
 from ._auth import require_admin_token, require_api_token
@@ -97,29 +97,27 @@ async def predict(body: PredictRequest, request: Request) -> PredictResponse:
     settings = _settings(request)
     pool = _prepare(request, body)
     ctx = context_of(request)
-    timeout = body.timeout_s or settings.predict_timeout_s
-    started = time.monotonic()
-    deadline = started + timeout
-    async with pool.client(
-        body.email,
+
+    async def admitted(space: str) -> None:
+        ctx.space = space
+
+    done = await pool.predict(
+        body.api_name,
+        *body.args,
+        email=body.email,
         space=body.space,
-        queue_timeout_s=min(pool.settings.queue_timeout_s, timeout),
-    ) as client:
-        admitted = time.monotonic()
-        queued_ms = round((admitted - started) * 1000, 1)
-        ctx.space, ctx.queued_ms = client.space, queued_ms
-        remaining = deadline - admitted
-        if remaining <= 0:
-            raise DeadlineExceeded("the deadline passed while queued")
-        result = await client.predict(
-            *body.args, api_name=body.api_name, timeout=remaining, **body.kwargs
-        )
-        duration_ms = round((time.monotonic() - admitted) * 1000, 1)
+        kwargs=body.kwargs,
+        timeout=body.timeout_s or settings.predict_timeout_s,
+        safe_to_retry=body.safe_to_retry,
+        on_admitted=admitted,
+    )
+    ctx.space, ctx.queued_ms = done.space, done.queued_ms
     return PredictResponse(
-        space=client.space,
-        result=to_jsonable(result),
-        queued_ms=queued_ms,
-        duration_ms=duration_ms,
+        space=done.space,
+        result=to_jsonable(done.result),
+        queued_ms=done.queued_ms,
+        duration_ms=done.duration_ms,
+        attempts=done.attempts,
     )
 
 
@@ -222,9 +220,13 @@ async def _event_stream(runner: JobRunner, job_id: str, after: int | None) -> As
 
 
 @admin.get("/api/admin/pool-stats", responses=_ERRORS, tags=["admin"])
-async def pool_stats() -> dict[str, Any]:
-    """The pool's statistics (SPEC 5 keys, plus admission)."""
-    stats: dict[str, Any] = await get_pool().stats()
+async def pool_stats(request: Request) -> dict[str, Any]:
+    """The pool's statistics (SPEC 5 keys, plus admission and the dashboard's activity)."""
+    pool = get_pool()
+    stats: dict[str, Any] = await pool.stats()
+    activity = getattr(request.app.state, "activity", None)
+    if activity is not None:  # app._history: requests per minute, errors, queue history
+        await activity.extend(stats, pool.coordinator if stats.get("initialized") else None)
     return stats
 
 

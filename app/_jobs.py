@@ -15,13 +15,15 @@ coordinator store (readable from every worker) without touching the runner or th
 
 Stages (``GET /api/jobs/{id}``)::
 
-    queued ──► running ──► done
-       │          ├──────► failed      (error: the same JSON as the HTTP error)
-       └──────────┴──────► cancelled   (DELETE, or the service shutting down)
+    queued ◄─► waking
+       │          │
+       └──────────┴──► running ──► done
+                          ├──────► failed      (error: the same JSON as the HTTP error)
+       (any stage) ───────┴──────► cancelled   (DELETE, or the service shutting down)
 
-``waking`` is reserved for a Space that the pool reports as waking up; the pool does
-not report that yet. A final stage is sticky: later updates are ignored, which settles
-a cancel racing a finish.
+``waking``: the job's Space is asleep and the pool is waiting for it to start (within
+its wake deadline; ``space`` names it). A final stage is sticky: later updates are
+ignored, which settles a cancel racing a finish.
 
 With the in-process store a job is visible only in the worker that created it.
 """
@@ -38,7 +40,7 @@ from dataclasses import dataclass, field, fields, replace
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
-from pool import DeadlineExceeded, WaitTicket, get_pool
+from pool import WaitTicket, get_pool
 
 from ._errors import JobsFull, describe
 from ._schemas import FINAL_STAGES, PredictRequest, to_jsonable
@@ -312,39 +314,43 @@ class JobRunner:
         s = self.settings
         started = time.monotonic()
         timeout = body.timeout_s or s.job_timeout_s
-        deadline = started + timeout
         ticket = WaitTicket()
         follower = asyncio.get_running_loop().create_task(self._follow_queue(job_id, ticket))
         try:
             pool = get_pool()
+
+            async def admitted(space: str) -> None:
+                follower.cancel()
+                await self.store.update(
+                    job_id,
+                    stage="running",
+                    space=space,
+                    queue_position=None,
+                    estimate_s=None,
+                    queued_ms=round((time.monotonic() - started) * 1000, 1),
+                )
+
             try:
-                async with pool.client(
-                    body.email,
+                done = await pool.predict(
+                    body.api_name,
+                    *body.args,
+                    email=body.email,
                     space=body.space,
+                    kwargs=body.kwargs,
+                    timeout=timeout,
                     queue_timeout_s=min(s.job_queue_timeout_s, timeout),
+                    safe_to_retry=body.safe_to_retry,
                     ticket=ticket,
-                ) as client:
-                    follower.cancel()
-                    admitted = time.monotonic()
-                    await self.store.update(
-                        job_id,
-                        stage="running",
-                        space=client.space,
-                        queue_position=None,
-                        estimate_s=None,
-                        queued_ms=round((admitted - started) * 1000, 1),
-                    )
-                    remaining = deadline - admitted
-                    if remaining <= 0:
-                        raise DeadlineExceeded("the deadline passed while queued")
-                    result = await client.predict(
-                        *body.args, api_name=body.api_name, timeout=remaining, **body.kwargs
-                    )
-                    duration_ms = round((time.monotonic() - admitted) * 1000, 1)
+                    on_admitted=admitted,
+                )
             finally:
                 follower.cancel()
             await self.store.update(
-                job_id, stage="done", result=to_jsonable(result), duration_ms=duration_ms
+                job_id,
+                stage="done",
+                space=done.space,
+                result=to_jsonable(done.result),
+                duration_ms=done.duration_ms,
             )
         except asyncio.CancelledError:
             reason = "the service is shutting down" if self._closing else "cancelled"
@@ -361,18 +367,24 @@ class JobRunner:
             )
 
     async def _follow_queue(self, job_id: str, ticket: WaitTicket) -> None:
-        """While queued: copy the ticket's position and estimate into the job."""
-        seen: tuple[int, int] | None = None
+        """Until admitted: copy the ticket's stage (queued or waking), Space, position
+        and estimate into the job."""
+        seen: tuple[str, int, int] | None = None
+        stage = "queued"
         while True:
             position = ticket.position
             estimate = round(ticket.estimate_s, 1) if position else None
-            key = (position, round(estimate or 0))
+            key = (ticket.stage, position, round(estimate or 0))
             if key != seen:
                 seen = key
-                await self.store.update(
-                    job_id,
-                    expect_stage="queued",
-                    queue_position=position or None,
-                    estimate_s=estimate,
-                )
+                changes: dict[str, Any] = {
+                    "queue_position": position or None,
+                    "estimate_s": estimate,
+                }
+                if ticket.stage != stage:
+                    changes.update(stage=ticket.stage, space=ticket.space)
+                record = await self.store.update(job_id, expect_stage=stage, **changes)
+                if record is None or record.stage not in ("queued", "waking"):
+                    return  # admitted (running) or gone: nothing more to follow
+                stage = record.stage
             await asyncio.sleep(_QUEUE_POLL_S)

@@ -83,6 +83,48 @@ FAILOVERS = Counter(
     ["space", "kind"],
     registry=REGISTRY,
 )
+BREAKER = Counter(
+    "spacepool_breaker_transitions",
+    "Circuit breaker state changes seen by this worker, by new state",
+    ["space", "state"],
+    registry=REGISTRY,
+)
+WINDOW_CHANGES = Counter(
+    "spacepool_window_changes",
+    "Adaptive window moves made by this worker, by direction",
+    ["space", "direction"],
+    registry=REGISTRY,
+)
+RETRIES = Counter(
+    "spacepool_retries",
+    "Requests tried again, by the failure kind that caused it",
+    ["space", "kind"],
+    registry=REGISTRY,
+)
+PROVIDER_ERRORS = Counter(
+    "spacepool_provider_errors",
+    "Provider failures (timeout, queue_full, rate_limited, http_5xx, connect, ...)",
+    ["space", "kind"],
+    registry=REGISTRY,
+)
+POLICY_REFUSALS = Counter(
+    "spacepool_policy_refusals",
+    "Requests refused before sending, by reason code",
+    ["space", "reason"],
+    registry=REGISTRY,
+)
+WAKES = Counter(
+    "spacepool_wakes",
+    "Sleeping Spaces woken: started, awake, timeout",
+    ["space", "result"],
+    registry=REGISTRY,
+)
+PAUSES = Counter(
+    "spacepool_pauses",
+    "Idle Spaces paused by the pool: paused, failed",
+    ["space", "result"],
+    registry=REGISTRY,
+)
 HTTP_REQUESTS = Counter(
     "spacepool_http_requests",
     "HTTP requests by method, route template and status",
@@ -123,6 +165,19 @@ def on_pool_event(event: PoolEvent) -> None:
         ASSIGNMENTS.labels(space).inc()
     elif event.kind == "failover":
         FAILOVERS.labels(space, _label(event.outcome)).inc()
+    elif event.kind in _LABELLED:
+        _LABELLED[event.kind].labels(space, _label(event.outcome)).inc()
+
+
+_LABELLED = {
+    "breaker": BREAKER,
+    "window": WINDOW_CHANGES,
+    "retry": RETRIES,
+    "provider_error": PROVIDER_ERRORS,
+    "policy": POLICY_REFUSALS,
+    "wake": WAKES,
+    "pause": PAUSES,
+}
 
 
 def observe_http(method: str, route: str, status: int, seconds: float) -> None:
@@ -160,6 +215,29 @@ class _PoolCollector(Collector):
             for space, entry in pools.items():
                 family.add_metric([_label(space)], float(entry.get(key) or 0))
             yield family
+        windows = {
+            "spacepool_window": ("Adaptive window (the Space's admission limit)", "current"),
+            "spacepool_window_initial": ("Adaptive window at start", "initial"),
+            "spacepool_window_peak": ("Highest adaptive window reached", "peak"),
+            "spacepool_window_ceiling": ("Window ceiling (Space max, resource cap)", "ceiling"),
+        }
+        for name, (doc, key) in windows.items():
+            family = GaugeMetricFamily(name, doc, labels=["space"])
+            for space, entry in pools.items():
+                if isinstance(entry.get("window"), Mapping):
+                    family.add_metric([_label(space)], float(entry["window"].get(key) or 0))
+            yield family
+        breaker = GaugeMetricFamily(
+            "spacepool_breaker_state",
+            "1 for the breaker's current state",
+            labels=["space", "state"],
+        )
+        for space, entry in pools.items():
+            state = (entry.get("breaker") or {}).get("state")
+            for option in ("closed", "open", "half_open"):
+                if state is not None:
+                    breaker.add_metric([_label(space), option], 1.0 if state == option else 0.0)
+        yield breaker
         up = GaugeMetricFamily(
             "spacepool_space_up", "1 if the Space is routed to", labels=["space"]
         )

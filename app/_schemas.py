@@ -81,6 +81,11 @@ class PredictRequest(BaseModel):
         allow_inf_nan=False,
         description="deadline in seconds for the whole request (wait + run)",
     )
+    safe_to_retry: bool = Field(
+        default=False,
+        description="the call is idempotent: retry it even after the Space accepted it"
+        " (calls the Space never accepted are retried anyway)",
+    )
 
     @field_validator("api_name")
     @classmethod
@@ -115,6 +120,7 @@ class PredictResponse(BaseModel):
     result: Any
     queued_ms: float = Field(description="time waiting for admission and a connection")
     duration_ms: float = Field(description="time the Space took, once admitted")
+    attempts: int = Field(default=1, description="calls made (more than 1 after retries)")
 
 
 class JobCreated(BaseModel):
