@@ -64,6 +64,7 @@ class _Meter:
     peak: int = 0
     total: int = 0
     config_requests: int = 0
+    refused: int = 0  # queue joins answered 503 in queue_full mode
 
     def __post_init__(self) -> None:
         self.lock = threading.Lock()
@@ -100,6 +101,7 @@ class _Meter:
                 "peak": self.peak,
                 "total": self.total,
                 "config_requests": self.config_requests,
+                "refused": self.refused,
                 "app_id": self.app_id,
                 "mode": self.mode,
             }
@@ -110,6 +112,7 @@ class _Meter:
             self.peak = self.in_flight
             self.total = 0
             self.config_requests = 0
+            self.refused = 0
             self.intervals.clear()
 
 
@@ -145,6 +148,7 @@ class _Misbehave:
             elif method == "POST" and path == QUEUE_JOIN_PATH:
                 with self.meter.lock:
                     full = self.meter.mode == "queue_full"
+                    self.meter.refused += full
                 if full:
                     response = JSONResponse({"detail": "Queue is full."}, status_code=503)
                     await response(scope, receive, send)

@@ -68,6 +68,7 @@ class SpaceStats:
     config_requests: int
     app_id: int
     mode: Mode
+    refused: int = 0
 
 
 def free_port() -> int:

@@ -161,8 +161,8 @@ class Waker:
                     return
                 await asyncio.sleep(self.policy.poll_s)
                 health = self.board.get(name)
-                if not health.waking(self.board.now()) and not health.paused:
-                    return  # another process saw it wake up
+                if health.wake_until == 0.0:
+                    return  # another process saw it wake up (end_wake clears the deadline)
             await self.board.update(name, lambda h, now: give_up_wake(h, now))
             emit(self._hooks, PoolEvent("wake", name, "timeout", self._clock() - started))
             raise UpstreamTransportError(

@@ -42,15 +42,20 @@ def test_guard_lets_ordinary_text_through() -> None:
 async def test_refused_payload_never_reaches_the_space(
     clean_fleet: SpaceFleet, make_pool: PoolMaker, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """With the guard on, a PEM key or bearer header is refused; the Space sees nothing."""
+    """With the guard on, a PEM key or bearer header is refused; the Space sees nothing,
+    the window and breaker do not move, and the secret is in no log."""
     caplog.set_level(logging.DEBUG)
     pool = make_pool(clean_fleet, secret_guard="on")
     alpha = clean_fleet["alpha"]
+    await pool.start()
+    before = pool.board.get("alpha")
     for secret in (PEM, BEARER):
-        with pytest.raises(RefusedByPolicy):
-            async with pool.client("g@example.com", space="alpha") as client:
-                await client.predict(secret, 0, api_name="/echo")
+        for _ in range(3):  # more refusals than it takes to halve or to open a breaker
+            with pytest.raises(RefusedByPolicy):
+                await pool.predict("/echo", secret, 0, space="alpha")
     assert alpha.stats().total == 0
+    after = pool.board.get("alpha")
+    assert (after.window, after.failures, after.breaker) == (before.window, 0, "closed")
     assert pool.spaces["alpha"].is_up() and pool.spaces["alpha"].last_error is None
     stats = await pool.stats()
     assert stats["inUseConnections"] == 0 and stats["admission"]["globalInUse"] == 0

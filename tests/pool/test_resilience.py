@@ -1,0 +1,310 @@
+"""Resilience against real stand-in Spaces: window, breaker, retries, waking, idle pause."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+
+import pytest
+
+from devspaces import SpaceFleet, SpaceProcess, free_port
+from pool import (
+    NoHealthySpaceError,
+    Pool,
+    PoolEvent,
+    PoolSettings,
+    UpstreamTransportError,
+    WaitTicket,
+)
+from pool.resilience import FakeSpaceControl
+from tests.conftest import PoolMaker
+from tests.pool.test_core import wait_until
+
+FAST_FAIL = {
+    "breaker_failures": 3,
+    "breaker_cooldown_s": 1.5,
+    "retry_attempts": 2,
+    "retry_backoff_s": 0.01,
+    "min_connections": 1,
+}
+
+
+async def test_queue_full_space_is_backed_off_broken_and_recovers(
+    clean_fleet: SpaceFleet, make_pool: PoolMaker
+) -> None:
+    """Every call to alpha is "queue full": its window halves to 1, its breaker opens,
+    traffic moves to beta; once alpha recovers the probe closes the breaker and the
+    window climbs again."""
+    pool = make_pool(clean_fleet, **FAST_FAIL)
+    await pool.start()
+    alpha = clean_fleet["alpha"]
+    alpha.control(mode="queue_full")
+    trace: list[tuple[str, int, str]] = []
+
+    def note(step: str) -> None:
+        h = pool.board.get("alpha")
+        trace.append((step, h.window, h.breaker))
+
+    note("start")
+    served = []
+    for i in range(8):
+        done = await pool.predict("/echo", f"r{i}", 0)
+        served.append(done.space)
+        note(f"req{i}:{done.space}")
+    print("window trace (failing):", trace)
+    windows = [w for _, w, _ in trace]
+    assert windows[0] == 4 and 2 in windows and windows[-1] == 1
+    assert pool.board.get("alpha").breaker == "open"
+    assert set(served) == {"beta"}, "every request was served by the healthy Space"
+    refused = alpha.stats().refused
+    assert refused == 3, "alpha was called until its breaker opened, then left alone"
+    stats = await pool.stats()
+    assert stats["pools"]["alpha"]["breaker"]["state"] == "open"
+    assert stats["pools"]["alpha"]["window"]["current"] == 1
+    assert stats["admission"]["globalInUse"] == 0
+
+    alpha.control(mode="ok")
+    await wait_until(lambda: pool.board.get("alpha").probe_due(time.time()), 10)
+    probe = await pool.predict("/echo", "probe", 0)
+    note(f"probe:{probe.space}")
+    assert probe.space == "alpha" and pool.board.get("alpha").breaker == "closed"
+    for i in range(9):
+        await pool.predict("/echo", f"up{i}", 0, space="alpha")
+        note(f"up{i}")
+    print("window trace (recovering):", trace[-10:])
+    assert pool.board.get("alpha").window == 4, "1 after the probe, +1 per 3 successes"
+    assert pool.board.get("alpha").peak == 4
+
+
+async def test_retries_are_bounded_per_request(
+    clean_fleet: SpaceFleet, make_pool: PoolMaker
+) -> None:
+    """A request pinned to a queue-full Space calls it exactly ``retry_attempts`` times."""
+    pool = make_pool(clean_fleet, retry_attempts=3, retry_backoff_s=0.01, breaker_failures=50)
+    events: list[PoolEvent] = []
+    pool.hooks.append(events.append)
+    clean_fleet["alpha"].control(mode="queue_full")
+    with pytest.raises(UpstreamTransportError) as info:
+        await pool.predict("/echo", "x", 0, space="alpha")
+    assert info.value.kind == "queue_full" and info.value.before_accept
+    assert clean_fleet["alpha"].stats().refused == 3
+    assert [e.outcome for e in events if e.kind == "retry"] == ["queue_full", "queue_full"]
+    clean_fleet["alpha"].reset()
+    with pytest.raises(UpstreamTransportError):
+        await pool.predict("/echo", "y", 0, space="alpha")
+    assert clean_fleet["alpha"].stats().refused == 3, "the bound holds for every request"
+
+
+async def test_caller_errors_do_not_move_the_window(
+    clean_fleet: SpaceFleet, make_pool: PoolMaker
+) -> None:
+    """An app error (the Space raised on bad input) is the caller's: window and breaker
+    stay put, and nothing is retried."""
+    pool = make_pool(clean_fleet, **FAST_FAIL)
+    await pool.start()
+    for _ in range(5):
+        with pytest.raises(Exception, match="failed: bad"):
+            await pool.predict("/fail", "bad", space="alpha")
+    h = pool.board.get("alpha")
+    assert (h.window, h.failures, h.breaker) == (4, 0, "closed")
+
+
+async def test_open_breaker_on_a_pinned_space_is_a_busy_answer(
+    clean_fleet: SpaceFleet, make_pool: PoolMaker
+) -> None:
+    """A request naming a Space whose breaker is open gets NoHealthySpaceError with a
+    retry-after of the remaining cool-down; nothing is sent."""
+    pool = make_pool(clean_fleet, **{**FAST_FAIL, "breaker_cooldown_s": 20.0, "retry_attempts": 1})
+    clean_fleet["alpha"].control(mode="queue_full")
+    for _ in range(3):
+        with pytest.raises(UpstreamTransportError):
+            await pool.predict("/echo", "x", 0, space="alpha")
+    assert pool.board.get("alpha").breaker == "open"
+    refused = clean_fleet["alpha"].stats().refused
+    with pytest.raises(NoHealthySpaceError) as info:
+        await pool.predict("/echo", "x", 0, space="alpha")
+    assert 10 <= info.value.retry_after_s <= 20
+    assert clean_fleet["alpha"].stats().refused == refused
+
+
+async def test_deadline_counts_as_a_provider_timeout(
+    clean_fleet: SpaceFleet, make_pool: PoolMaker
+) -> None:
+    """A predict that outlives its deadline is cancelled upstream, frees its slot at
+    once, and halves the window (the Space did not answer in time)."""
+    pool = make_pool(clean_fleet, retry_attempts=1)
+    await pool.start()
+    alpha = clean_fleet["alpha"]
+    started = time.monotonic()
+    with pytest.raises(Exception, match="deadline"):
+        await pool.predict("/echo", "slow", 30, space="alpha", timeout=1.0)
+    assert time.monotonic() - started < 3
+    assert (await pool.stats())["admission"]["globalInUse"] == 0
+    await wait_until(lambda: alpha.stats().in_flight == 0, 5)
+    assert pool.board.get("alpha").window == 2
+
+
+def _sleeping_space(name: str) -> tuple[str, int]:
+    port = free_port()
+    return f"{name}=http://127.0.0.1:{port}/", port
+
+
+async def _watch_ticket(ticket: WaitTicket, seen: set[str], stop: asyncio.Event) -> None:
+    while not stop.is_set():
+        seen.add(ticket.stage)
+        await asyncio.sleep(0.05)
+
+
+async def test_sleeping_space_is_woken_and_used_within_its_wake_deadline(
+    clean_fleet: SpaceFleet,
+) -> None:
+    """A Space reported SLEEPING whose process starts 20 s after the wake request is
+    used without failover inside a 60 s wake deadline; meanwhile the request shows
+    stage ``waking`` and the Space's stats say so."""
+    entry, port = _sleeping_space("sleepy")
+    started_space: list[SpaceProcess] = []
+
+    def boot_later(_name: str) -> None:
+        timer = threading.Timer(20.0, lambda: started_space.append(
+            SpaceProcess("sleepy", port=port, wait=False)))  # fmt: skip
+        timer.daemon = True
+        timer.start()
+
+    control = FakeSpaceControl({"sleepy": "SLEEPING"}, on_wake=boot_later)
+    settings = PoolSettings(
+        spaces=f"{entry},{clean_fleet.pool_spaces_env()}",
+        coordinator_url="memory://",
+        wake_timeout_s=60,
+        wake_poll_s=0.5,
+        min_connections=1,
+    )
+    pool = Pool(settings, space_control=control)
+    ticket, seen, stop = WaitTicket(), set[str](), asyncio.Event()
+    watcher = asyncio.create_task(_watch_ticket(ticket, seen, stop))
+    try:
+        await pool.start()
+        began = time.monotonic()
+        task = asyncio.create_task(pool.predict("/echo", "hi", 0, ticket=ticket, timeout=90))
+        await wait_until(lambda: ticket.stage == "waking", 10)
+        stats = await pool.stats()
+        assert stats["pools"]["sleepy"]["wake"]["state"] == "waking"
+        assert stats["pools"]["sleepy"]["wake"]["deadline"] is not None
+        done = await asyncio.wait_for(task, 75)
+        took = time.monotonic() - began
+        assert done.space == "sleepy" and done.result == "sleepy:hi"
+        assert 19 <= took < 60, took
+        assert "waking" in seen and ticket.stage == "queued"
+        assert control.count("wake", "sleepy") == 1
+        assert (await pool.stats())["pools"]["sleepy"]["wake"]["state"] == "awake"
+    finally:
+        stop.set()
+        await watcher
+        await pool.aclose()
+        for space in started_space:
+            space.stop()
+
+
+async def test_space_that_does_not_wake_in_time_fails_over(clean_fleet: SpaceFleet) -> None:
+    """With a 5 s wake deadline a Space that stays asleep is given up after ~5 s and
+    the request is served by another Space."""
+    entry, _port = _sleeping_space("sleepy")
+    control = FakeSpaceControl({"sleepy": "SLEEPING"})
+    settings = PoolSettings(
+        spaces=f"{entry},{clean_fleet.pool_spaces_env()}",
+        coordinator_url="memory://",
+        wake_timeout_s=5,
+        wake_poll_s=0.25,
+        min_connections=1,
+    )
+    pool = Pool(settings, space_control=control)
+    try:
+        await pool.start()
+        began = time.monotonic()
+        done = await pool.predict("/echo", "hi", 0, space=None, timeout=30)
+        took = time.monotonic() - began
+        assert done.space in ("alpha", "beta")
+        assert 5 <= took < 10, took
+        stats = await pool.stats()
+        assert stats["pools"]["sleepy"]["up"] is False
+        assert stats["pools"]["sleepy"]["lastError"] == "wake_timeout"
+    finally:
+        await pool.aclose()
+
+
+async def test_paused_space_is_skipped_at_once(clean_fleet: SpaceFleet) -> None:
+    """A Space the Hub reports PAUSED (by its owner) is skipped without waiting."""
+    entry, _port = _sleeping_space("paused")
+    control = FakeSpaceControl({"paused": "PAUSED"})
+    settings = PoolSettings(
+        spaces=f"{entry},{clean_fleet.pool_spaces_env()}", coordinator_url="memory://"
+    )
+    pool = Pool(settings, space_control=control)
+    try:
+        began = time.monotonic()
+        done = await pool.predict("/echo", "hi", 0)
+        assert done.space in ("alpha", "beta") and time.monotonic() - began < 3
+        assert control.count("wake", "paused") == 0
+    finally:
+        await pool.aclose()
+
+
+async def test_idle_pause_waits_for_idle_period_and_minimum_uptime(
+    clean_fleet: SpaceFleet,
+) -> None:
+    """An owned idle Space is paused only once idle for the idle period AND up for the
+    minimum up-time; a later request restarts it and is served."""
+    control = FakeSpaceControl({"alpha": "RUNNING", "beta": "RUNNING"})
+    settings = PoolSettings(
+        spaces=clean_fleet.pool_spaces_env(),
+        coordinator_url="memory://",
+        idle_pause_s=1.0,
+        min_uptime_s=4.0,
+        pause_spaces="alpha",
+        idle_timeout_s=0.4,  # maintenance ticks every 0.2 s
+        min_connections=1,
+    )
+    pool = Pool(settings, space_control=control)
+    try:
+        await pool.start()
+        up_since = time.monotonic()
+        await pool.predict("/echo", "x", 0, space="alpha")
+        last_use = time.monotonic()
+        await wait_until(lambda: control.count("pause", "alpha") == 1, 15)
+        paused_at = time.monotonic()
+        assert paused_at - up_since >= 4.0, "never within the minimum up-time"
+        assert paused_at - last_use >= 1.0, "only after the idle period"
+        assert control.count("pause", "beta") == 0, "only the Spaces the operator listed"
+        stats = await pool.stats()
+        assert stats["pools"]["alpha"]["wake"]["state"] == "paused"
+        assert stats["pools"]["alpha"]["availableConnections"] == 0
+        done = await pool.predict("/echo", "again", 0, space="alpha")
+        assert done.result == "alpha:again"
+        assert control.count("restart", "alpha") == 1
+        assert pool.board.get("alpha").paused is False
+    finally:
+        await pool.aclose()
+
+
+async def test_busy_space_is_never_paused(clean_fleet: SpaceFleet) -> None:
+    """While a request runs on an owned Space, it is not paused even when the idle
+    period and up-time have passed since the last finished request."""
+    control = FakeSpaceControl({"alpha": "RUNNING"})
+    settings = PoolSettings(
+        spaces=clean_fleet.pool_spaces_env(),
+        coordinator_url="memory://",
+        idle_pause_s=0.5,
+        min_uptime_s=0.0,
+        pause_spaces="*",
+        idle_timeout_s=0.4,
+        min_connections=1,
+    )
+    pool = Pool(settings, space_control=control)
+    try:
+        await pool.start()
+        await pool.predict("/echo", "warm", 0, space="alpha")
+        await pool.predict("/echo", "long", 3, space="alpha")
+        assert control.count("pause", "alpha") == 0, "the 3 s predict kept it awake"
+        await wait_until(lambda: control.count("pause", "alpha") == 1, 10)
+    finally:
+        await pool.aclose()
