@@ -17,7 +17,15 @@ from collections.abc import Callable, Sequence
 
 from .._exceptions import BusyError, MisuseError, PoolClosedError
 from ._protocol import AdmissionSnapshot, Lease, WaitTicket
-from ._rule import bottleneck_capacity, estimate_wait_s, limit_lookup, plan_grants
+from ._rule import (
+    GLOBAL_RESOURCE,
+    bottleneck_capacity,
+    estimate_wait_s,
+    limit_lookup,
+    plan_grants,
+)
+
+_TICKETS_EVERY_S = 0.25  # how often the queued waiters' positions and estimates are refreshed
 
 
 class _Waiter:
@@ -43,6 +51,11 @@ class MemoryCoordinator:
         self._secret = os.urandom(32)
         self._values: dict[str, tuple[str, float]] = {}
         self._keys = itertools.count(1)  # waiter and lease ids: unique in this process
+        # Waiters that do not need backend:global: while there is none, a grant pass
+        # stops once the global resource is full (see plan_grants' ``all_need``).
+        self._no_global: set[str] = set()
+        self._tickets_due = 0.0  # monotonic time of the next ticket refresh
+        self._tickets_timer: asyncio.TimerHandle | None = None
 
     async def acquire(
         self, resources: Sequence[str], *, timeout: float, ticket: WaitTicket | None = None
@@ -57,6 +70,9 @@ class MemoryCoordinator:
         key = str(next(self._keys))
         waiter = _Waiter(wanted, ticket or WaitTicket())
         self._waiters[key] = waiter
+        if GLOBAL_RESOURCE not in wanted:
+            self._no_global.add(key)
+        self._set_ticket(waiter, len(self._waiters), limit_lookup(self._limits))  # the last
         self._assign()
         try:
             async with asyncio.timeout(timeout):
@@ -64,6 +80,7 @@ class MemoryCoordinator:
         except BaseException as exc:
             position = self._position(key)
             self._waiters.pop(key, None)
+            self._no_global.discard(key)
             if _granted(waiter.future):
                 # Granted at the same moment we gave up: pass the slots on.
                 if isinstance(exc, TimeoutError):
@@ -106,15 +123,41 @@ class MemoryCoordinator:
         return lease
 
     def _assign(self) -> None:
+        """The grant pass, then the tickets; O(global limit) while every waiter needs
+        backend:global (the pool's requests all do), not O(waiters)."""
         limit_of = limit_lookup(self._limits)
-        pending = [(k, w.resources) for k, w in self._waiters.items() if not w.future.done()]
-        for key in plan_grants(pending, self._held, limit_of):
+        pending = ((k, w.resources) for k, w in self._waiters.items() if not w.future.done())
+        all_need = None if self._no_global else GLOBAL_RESOURCE
+        for key in plan_grants(pending, self._held, limit_of, all_need=all_need):
             waiter = self._waiters.pop(key)
+            self._no_global.discard(key)
             waiter.future.set_result(self._grant(waiter.resources))
+        # Positions only fall while a waiter waits, so a ticket that is not refreshed
+        # overstates its wait a little; refreshing every ticket on every hand-off would
+        # make each hand-off O(waiters). A newcomer's ticket is set when it queues.
+        if not self._waiters or self._tickets_timer is not None:
+            return
+        delay = self._tickets_due - time.monotonic()
+        if delay <= 0:
+            self._refresh_tickets()
+        else:
+            self._tickets_timer = asyncio.get_running_loop().call_later(
+                delay, self._refresh_tickets
+            )
+
+    def _refresh_tickets(self) -> None:
+        self._tickets_timer = None
+        self._tickets_due = time.monotonic() + _TICKETS_EVERY_S
+        limit_of = limit_lookup(self._limits)
         for position, waiter in enumerate(self._waiters.values(), start=1):
-            waiter.ticket.position = position
-            capacity = bottleneck_capacity(waiter.resources, limit_of)
-            waiter.ticket.estimate_s = estimate_wait_s(position, capacity, self._mean_hold_s)
+            self._set_ticket(waiter, position, limit_of)
+
+    def _set_ticket(
+        self, waiter: _Waiter, position: int, limit_of: Callable[[str], int]
+    ) -> None:
+        waiter.ticket.position = position
+        capacity = bottleneck_capacity(waiter.resources, limit_of)
+        waiter.ticket.estimate_s = estimate_wait_s(position, capacity, self._mean_hold_s)
 
     def _position(self, key: str) -> int:
         for position, k in enumerate(self._waiters, start=1):

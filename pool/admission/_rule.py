@@ -62,11 +62,24 @@ def plan_grants(
     waiters: Iterable[tuple[K, Sequence[str]]],
     held: Mapping[str, int],
     limit_of: Callable[[str], int],
+    *,
+    all_need: str | None = None,
 ) -> list[K]:
-    """Return the keys of the waiters to grant now, oldest first (see module doc)."""
+    """Return the keys of the waiters to grant now, oldest first (see module doc).
+
+    ``all_need`` is a resource that the caller knows *every* waiter needs (the pool's
+    requests all need ``backend:global``). Once its count — held, granted in this pass
+    and set aside by (3) — reaches its limit, no later waiter can be granted and
+    nothing later can change what the pass returns, so the pass stops there: a
+    hand-off costs O(limit), not O(waiters), however long the queue. ``waiters`` may
+    be a lazy iterable; it is not read past that point.
+    """
     counts = dict(held)
     granted: list[K] = []
+    full_at = UNLIMITED if all_need is None else limit_of(all_need)
     for key, resources in waiters:
+        if all_need is not None and counts.get(all_need, 0) >= full_at:
+            break
         if any(is_private(r) and counts.get(r, 0) >= limit_of(r) for r in resources):
             continue
         if all(counts.get(r, 0) < limit_of(r) for r in resources):
