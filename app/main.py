@@ -15,7 +15,9 @@ Behind this module, one concept each:
 * :mod:`app._auth` — bearer tokens; :mod:`app._schemas` — bodies and limits;
 * :mod:`app._jobs` — background jobs behind a small store interface;
 * :mod:`app._metrics` — Prometheus; :mod:`app._logging` — JSON access log;
-* :mod:`app._limits` — request body size cap; :mod:`app._settings` — the knobs.
+* :mod:`app._limits` — request body size cap; :mod:`app._settings` — the knobs;
+* :mod:`app._dashboard` — ``GET /admin``, the page; :mod:`app._history` — the rolling
+  activity (requests per minute, error classes, queue history) it and pool-stats show.
 """
 
 from __future__ import annotations
@@ -32,6 +34,8 @@ from pool import get_pool
 
 from . import _errors
 from ._api import router
+from ._dashboard import router as dashboard_router
+from ._history import Activity, run_sampler
 from ._jobs import JobRunner, JobStore, MemoryJobStore
 from ._limits import BodySizeLimit
 from ._logging import AccessLog, configure_logging
@@ -57,6 +61,10 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
         _log.error("cannot start the pool (%s): %s", type(exc).__name__, exc)
         raise
     pool.hooks.append(on_pool_event)
+    activity = Activity()
+    pool.hooks.append(activity.on_event)
+    app.state.activity = activity
+    sampler = asyncio.get_running_loop().create_task(run_sampler(activity, pool))
     local = MemoryJobStore(retention_s=settings.job_retention_s, max_jobs=settings.job_max)
     store: JobStore = local
     if pool.coordinator.store != "memory":
@@ -75,9 +83,13 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
         yield
     finally:
         watcher.cancel()
+        sampler.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await sampler
         await runner.aclose()
-        with contextlib.suppress(ValueError):
-            pool.hooks.remove(on_pool_event)
+        for hook in (on_pool_event, activity.on_event):
+            with contextlib.suppress(ValueError):
+                pool.hooks.remove(hook)
         await pool.aclose()
 
 
@@ -102,6 +114,7 @@ def create_app(settings: ServiceSettings | None = None) -> FastAPI:
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
     app.add_middleware(AccessLog, internal_error=_errors.internal_error)  # outermost
     app.include_router(router)
+    app.include_router(dashboard_router)
     return app
 
 

@@ -1,0 +1,416 @@
+// spacepool dashboard: polls /api/admin/pool-stats with the admin token and fills the page.
+//
+// * The token lives in sessionStorage (this tab only) and goes out as a bearer header; it
+//   is never put in a URL, and a refused token is forgotten at once.
+// * Nothing from the pool is on the page before the API has accepted the token, and all
+//   of it is removed again when the token is forgotten or refused.
+// * Every figure is an element with data-stat (a JSON path into the stats): its text is
+//   the value as the API gave it, or "—" when the API does not report it, so what the page
+//   says can be checked against the API field by field. Data goes in with textContent only.
+// * Polls run one at a time, every 2 s; a poll that fails or hangs, or no successful one for
+//   5 s, shows the "stale" marker until the next success.
+"use strict";
+
+(() => {
+  const STATS_URL = "/api/admin/pool-stats";
+  const KEY = "spacepool.adminToken";
+  const POLL_MS = 2000;
+  const STALE_MS = 5000;
+  const TIMEOUT_MS = 4000;
+  const WINDOW_S = 900; // the queue history the server keeps
+  const MIN_SPAN_S = 120; // the chart's shortest time axis, while history is short
+  const DASH = "—";
+
+  const $ = (id) => document.getElementById(id);
+  let generation = 0; // bumped when the token changes: late answers are dropped
+  let timer = null;
+  let lastOk = 0;
+  let lastOkText = DASH;
+  let failure = "";
+  let lastHealth = null;
+  let memoryToken = null; // used only when sessionStorage is unavailable
+  let cards = 0; // ids for the Space cards' headings
+
+  // -- token --------------------------------------------------------------------------
+  function token() {
+    try {
+      return sessionStorage.getItem(KEY);
+    } catch (e) {
+      return null;
+    }
+  }
+
+  function storeToken(value) {
+    try {
+      sessionStorage.setItem(KEY, value);
+    } catch (e) {
+      memoryToken = value; // storage refused: keep it for this page's life only
+    }
+  }
+
+  function currentToken() {
+    return token() || memoryToken;
+  }
+
+  function forget(message) {
+    generation += 1;
+    clearTimeout(timer);
+    timer = null;
+    try {
+      sessionStorage.removeItem(KEY);
+    } catch (e) {
+      /* nothing stored */
+    }
+    memoryToken = null;
+    clearDashboard();
+    $("dashboard").hidden = true;
+    $("forget").hidden = true;
+    $("login").hidden = false;
+    setStatus("idle", "Not connected");
+    const error = $("login-error");
+    error.textContent = message || "";
+    error.hidden = !message;
+    $("token").focus();
+  }
+
+  // -- formatting -----------------------------------------------------------------------
+  function lookup(data, path) {
+    let value = data;
+    for (const key of path) {
+      if (value === null || typeof value !== "object" || !(key in value)) return undefined;
+      value = value[key];
+    }
+    return value;
+  }
+
+  function utc(iso) {
+    const at = new Date(iso);
+    if (Number.isNaN(at.getTime())) return String(iso);
+    return at.toISOString().slice(0, 19).replace("T", " ") + " UTC";
+  }
+
+  function format(value, kind) {
+    if (value === undefined || value === null) return DASH;
+    if (kind === "time") return utc(value);
+    if (kind === "updown") return value === true ? "up" : value === false ? "down" : String(value);
+    if (typeof value === "boolean") return value ? "yes" : "no";
+    if (typeof value === "object") return DASH;
+    return String(value);
+  }
+
+  function fill(el, value) {
+    const kind = el.dataset.kind || "";
+    el.textContent = format(value, kind);
+    if (kind === "time") {
+      if (value === undefined || value === null) el.removeAttribute("datetime");
+      else el.setAttribute("datetime", String(value));
+    }
+    if (kind === "state" || kind === "updown") {
+      el.dataset.value = value === undefined || value === null ? "" : String(value);
+    }
+  }
+
+  function setBar(bar, value, max, min, label) {
+    const v = typeof value === "number" ? value : 0;
+    const m = typeof max === "number" && max > 0 ? max : 0;
+    const pct = m ? Math.min(100, (v / m) * 100) : 0;
+    bar.querySelector(".fill").style.width = (v > 0 ? Math.max(pct, 1.5) : 0) + "%";
+    bar.dataset.value = String(v);
+    bar.setAttribute("aria-valuenow", String(v));
+    bar.setAttribute("aria-valuemax", String(m));
+    let text = `${label}: ${v} of ${m || DASH}`;
+    const mark = bar.querySelector(".min-mark");
+    if (mark) {
+      if (typeof min === "number" && m) {
+        mark.style.left = Math.min(100, (min / m) * 100) + "%";
+        mark.hidden = false;
+        text += `, minimum ${min}`;
+      } else {
+        mark.hidden = true;
+      }
+    }
+    bar.setAttribute("aria-valuetext", text);
+    bar.setAttribute("aria-label", label);
+  }
+
+  // -- rendering --------------------------------------------------------------------------
+  function render(data) {
+    for (const el of document.querySelectorAll("#dashboard [data-stat]")) {
+      if (el.closest("#spaces")) continue;
+      fill(el, lookup(data, JSON.parse(el.dataset.stat)));
+    }
+    const admission = data.admission || {};
+    setBar($("cap-bar"), admission.globalInUse, admission.globalLimit, undefined, "Global cap in use");
+    renderQueue(data.queueHistory, data.totalQueued);
+    renderSpaces(data.pools || {});
+    lastHealth = data.lastHealthCheck || null;
+    tickAges();
+    document.body.dataset.renders = String(Number(document.body.dataset.renders) + 1);
+  }
+
+  function spaceCard(name) {
+    const container = $("spaces");
+    for (const card of container.children) {
+      if (card.dataset.space === name) return card;
+    }
+    const card = $("space-template").content.firstElementChild.cloneNode(true);
+    card.dataset.space = name;
+    cards += 1;
+    const id = `space-${cards}-title`;
+    const title = card.querySelector("h3");
+    title.id = id;
+    card.setAttribute("aria-labelledby", id);
+    card.querySelector(".name").textContent = name;
+    for (const el of card.querySelectorAll("[data-field]")) {
+      el.dataset.stat = JSON.stringify(["pools", name, ...JSON.parse(el.dataset.field)]);
+    }
+    // Keep cards in name order, as the API's keys may come in any order.
+    const after = [...container.children].find((c) => c.dataset.space > name);
+    container.insertBefore(card, after || null);
+    return card;
+  }
+
+  function renderSpaces(pools) {
+    const names = Object.keys(pools).sort();
+    for (const card of [...$("spaces").children]) {
+      if (!(card.dataset.space in pools)) card.remove();
+    }
+    for (const name of names) {
+      const entry = pools[name] || {};
+      const card = spaceCard(name);
+      for (const el of card.querySelectorAll("[data-field]")) {
+        fill(el, lookup(entry, JSON.parse(el.dataset.field)));
+      }
+      for (const group of card.querySelectorAll("[data-group]")) {
+        const present = entry[group.dataset.group] && typeof entry[group.dataset.group] === "object";
+        group.classList.toggle("absent", !present);
+      }
+      const labels = {
+        inUseConnections: "in use",
+        availableConnections: "available",
+        unhealthyConnections: "unhealthy",
+      };
+      for (const bar of card.querySelectorAll("[data-bar]")) {
+        const key = bar.dataset.bar;
+        setBar(bar, entry[key], entry.maxConnections, entry.minConnections, `${name} connections ${labels[key]}`);
+      }
+      renderErrors(card.querySelector(".errors"), name, entry.errors);
+      card.classList.toggle("down", entry.up === false);
+    }
+    $("space-count").textContent = `(${names.length})`;
+  }
+
+  function renderErrors(list, name, errors) {
+    list.replaceChildren();
+    if (errors === undefined || errors === null || typeof errors !== "object") {
+      const li = document.createElement("li");
+      li.className = "none";
+      li.textContent = DASH;
+      list.append(li);
+      return;
+    }
+    const classes = Object.keys(errors).sort();
+    if (!classes.length) {
+      const li = document.createElement("li");
+      li.className = "none";
+      li.textContent = "none";
+      list.append(li);
+      return;
+    }
+    for (const cls of classes) {
+      const li = document.createElement("li");
+      const label = document.createElement("span");
+      label.className = "class";
+      label.textContent = cls;
+      const count = document.createElement("span");
+      count.className = "count";
+      count.dataset.stat = JSON.stringify(["pools", name, "errors", cls]);
+      count.textContent = format(errors[cls]);
+      li.append(label, " ", count);
+      list.append(li);
+    }
+  }
+
+  function renderQueue(history, now) {
+    const svg = $("queue-chart");
+    const samples = Array.isArray(history) ? history : [];
+    const points = [];
+    for (const sample of samples) {
+      const at = Date.parse(sample[0]);
+      if (!Number.isNaN(at) && typeof sample[1] === "number") points.push([at, sample[1]]);
+    }
+    const peak = points.reduce((m, p) => Math.max(m, p[1]), 0);
+    const end = points.length ? points[points.length - 1][0] : Date.now();
+    // The axis spans the history there is (at least 2 min), up to the full 15 minutes.
+    const covered = points.length ? (end - points[0][0]) / 1000 : 0;
+    const spanMs = Math.min(WINDOW_S, Math.max(MIN_SPAN_S, Math.ceil(covered / 60) * 60)) * 1000;
+    const start = end - spanMs;
+    const yMax = Math.max(1, peak);
+    const x = (t) => (((t - start) / spanMs) * 300).toFixed(1);
+    const y = (n) => (76 - (n / yMax) * 70).toFixed(1);
+    let line = "";
+    for (const [at, n] of points) {
+      line += (line ? " L" : "M") + x(at) + " " + y(n);
+    }
+    svg.querySelector(".line").setAttribute("d", line);
+    svg.querySelector(".area").setAttribute(
+      "d",
+      points.length ? `${line} L${x(end)} 76 L${x(points[0][0])} 76 Z` : ""
+    );
+    svg.dataset.peak = String(peak);
+    svg.dataset.points = String(points.length);
+    $("queue-ymax").textContent = `peak ${peak}`;
+    $("queue-span").textContent = `−${Math.round(spanMs / 60000)} min`;
+    let caption = "Queue length over the last 15 minutes: ";
+    if (!points.length) {
+      caption += "no samples yet.";
+    } else {
+      const peakAt = points.find((p) => p[1] === peak)[0];
+      const minutes = Math.max(1, Math.round((end - points[0][0]) / 60000));
+      caption +=
+        `now ${format(now)} waiting; peak ${peak}` +
+        (peak ? ` at ${utc(peakAt).slice(11)}` : "") +
+        `; ${points.length} samples over about ${minutes} min.`;
+    }
+    $("queue-caption").textContent = caption;
+    renderQueueTable(points);
+  }
+
+  function renderQueueTable(points) {
+    const minutes = new Map();
+    for (const [at, n] of points) {
+      const minute = new Date(at).toISOString().slice(11, 16);
+      const row = minutes.get(minute) || { peak: 0, last: 0 };
+      row.peak = Math.max(row.peak, n);
+      row.last = n;
+      minutes.set(minute, row);
+    }
+    const body = $("queue-table");
+    body.replaceChildren();
+    for (const [minute, row] of minutes) {
+      const tr = document.createElement("tr");
+      for (const text of [minute, String(row.peak), String(row.last)]) {
+        const td = document.createElement("td");
+        td.textContent = text;
+        tr.append(td);
+      }
+      body.append(tr);
+    }
+  }
+
+  function clearDashboard() {
+    $("spaces").replaceChildren();
+    $("space-count").textContent = "";
+    for (const el of document.querySelectorAll("#dashboard [data-stat]")) fill(el, undefined);
+    renderQueue([], undefined);
+    setBar($("cap-bar"), 0, 0, undefined, "Global cap in use");
+    lastHealth = null;
+    $("health-age").textContent = "";
+    lastOk = 0;
+    failure = "";
+  }
+
+  // -- status ---------------------------------------------------------------------------
+  function setStatus(state, text) {
+    const status = $("status");
+    if (status.dataset.state !== state || status.textContent !== text) {
+      status.dataset.state = state;
+      status.textContent = text;
+    }
+    document.body.dataset.state = state;
+  }
+
+  function tickAges() {
+    if (lastHealth) {
+      const age = Math.max(0, Math.round((Date.now() - Date.parse(lastHealth)) / 1000));
+      $("health-age").textContent = Number.isNaN(age) ? "" : `(${age} s ago)`;
+    } else {
+      $("health-age").textContent = "";
+    }
+    if (!lastOk || $("dashboard").hidden) return;
+    const age = Date.now() - lastOk;
+    const stale = failure !== "" || age > STALE_MS;
+    const banner = $("stale-banner");
+    if (stale) {
+      setStatus("stale", `Stale: last update at ${lastOkText}`);
+      $("stale-age").textContent = String(Math.round(age / 1000));
+      $("stale-at").textContent = lastOkText;
+      $("stale-reason").textContent = failure ? `(${failure})` : "";
+      banner.hidden = false;
+    } else {
+      setStatus("live", `Live · updated ${lastOkText}`);
+      banner.hidden = true;
+    }
+  }
+
+  // -- polling ----------------------------------------------------------------------------
+  async function poll() {
+    const mine = generation;
+    const bearer = currentToken();
+    if (!bearer) return;
+    const controller = new AbortController();
+    const abort = setTimeout(() => controller.abort(), TIMEOUT_MS);
+    try {
+      const response = await fetch(STATS_URL, {
+        headers: { Authorization: "Bearer " + bearer, Accept: "application/json" },
+        cache: "no-store",
+        credentials: "omit",
+        referrerPolicy: "no-referrer",
+        signal: controller.signal,
+      });
+      if (mine !== generation) return;
+      if (response.status === 401) {
+        forget("The server refused this token (401). Enter the admin token again.");
+        return;
+      }
+      if (response.status === 403) {
+        forget("Admin access is switched off on this server (POOL_ADMIN_TOKEN is not set).");
+        return;
+      }
+      if (!response.ok) throw new Error(`the server answered ${response.status}`);
+      const data = await response.json();
+      if (mine !== generation) return;
+      $("login").hidden = true;
+      $("dashboard").hidden = false;
+      $("forget").hidden = false;
+      render(data);
+      lastOk = Date.now();
+      lastOkText = utc(new Date(lastOk).toISOString()).slice(11);
+      failure = "";
+    } catch (e) {
+      if (mine !== generation) return;
+      failure = e && e.name === "AbortError" ? "the request timed out" : "the request failed";
+      if (!lastOk) setStatus("stale", "Cannot reach the server: " + failure);
+    } finally {
+      clearTimeout(abort);
+      if (mine === generation) {
+        tickAges();
+        timer = setTimeout(poll, POLL_MS);
+      }
+    }
+  }
+
+  function start() {
+    generation += 1;
+    clearTimeout(timer);
+    setStatus("connecting", "Connecting…");
+    poll();
+  }
+
+  document.addEventListener("DOMContentLoaded", () => {
+    $("login-form").addEventListener("submit", (event) => {
+      event.preventDefault();
+      const input = $("token");
+      const value = input.value.trim();
+      input.value = "";
+      if (!value) return;
+      storeToken(value);
+      $("login-error").hidden = true;
+      start();
+    });
+    $("forget").addEventListener("click", () => forget(""));
+    setInterval(tickAges, 1000);
+    if (currentToken()) start();
+    else $("token").focus();
+  });
+})();
