@@ -15,6 +15,7 @@ Redis Cluster, as every script touches all the keys)::
     leases    HASH   lease id -> the same record; a granted waiter keeps its id
     lexp      ZSET   lease id scored by its expiry
     kv, kvexp HASH + ZSET   small shared values and their expiry (put_value)
+    noglobal  SET    queued waiter ids that do not need ``backend:global``
 
 Why it is shaped this way:
 
@@ -74,19 +75,26 @@ from ._protocol import AdmissionSnapshot, new_id
 
 _log = logging.getLogger("pool.admission")
 
-_KEYS = ("meta", "limits", "held", "queue", "waiters", "wexp", "leases", "lexp", "kv", "kvexp")
+_KEYS = (
+    "meta", "limits", "held", "queue", "waiters", "wexp", "leases", "lexp", "kv", "kvexp",
+    "noglobal",
+)
 _CAS_ATTEMPTS = 16
 _UNREACHABLE = (RedisConnectionError, RedisTimeoutError, ReadOnlyError, OSError)
 
 _SCRIPT = r"""
--- KEYS: meta, limits, held, queue, waiters, wexp, leases, lexp, kv, kvexp  (see _redis.py)
+-- KEYS: meta, limits, held, queue, waiters, wexp, leases, lexp, kv, kvexp, noglobal
+--       (see _redis.py)
 -- ARGV: op, owner, epoch, channel prefix, op arguments...
 local META, LIMITS, HELD, QUEUE = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local WAITERS, WEXP, LEASES, LEXP = KEYS[5], KEYS[6], KEYS[7], KEYS[8]
 local KV, KVEXP = KEYS[9], KEYS[10]
+local NOGLOBAL = KEYS[11]
 local op, owner, epoch, chan = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
 local UNLIMITED = 1073741824          -- _rule.UNLIMITED
 local CONSUMER = 'consumer:'          -- _rule.CONSUMER_PREFIX
+local GLOBAL = 'backend:global'       -- _rule.GLOBAL_RESOURCE
+local CHUNK = 64                      -- queue entries read per ZRANGE in grant_pass
 
 local head = redis.call('HMGET', META, 'epoch', 'next_expiry')
 if op ~= 'restore' and head[1] ~= epoch then
@@ -134,6 +142,7 @@ end
 local function drop_waiter(id)
   redis.call('ZREM', QUEUE, id)
   redis.call('ZREM', WEXP, id)
+  redis.call('SREM', NOGLOBAL, id)
   return redis.call('HDEL', WAITERS, id) == 1
 end
 
@@ -157,6 +166,9 @@ local function add_waiter(id, rec, w)
   redis.call('ZADD', QUEUE, seq, id)
   redis.call('HSET', WAITERS, id, rec)
   expire_at(WEXP, id, now + w.t)
+  local needs_global = false
+  for _, r in ipairs(w.r) do if r == GLOBAL then needs_global = true; break end end
+  if not needs_global then redis.call('SADD', NOGLOBAL, id) end
 end
 
 local function reclaim()
@@ -183,18 +195,28 @@ local function quarantined()
   return until_ms and now < tonumber(until_ms)
 end
 
--- The grant rule: a faithful port of pool/admission/_rule.py plan_grants.
+-- The grant rule: a faithful port of pool/admission/_rule.py plan_grants, with its
+-- all_need early exit: while every queued waiter needs backend:global (noglobal is
+-- empty), the pass stops once that resource is full, as nobody later can be granted.
+-- The queue is read CHUNK entries at a time, so a stopped pass does not read it all.
 -- Returns the ids granted to the caller's owner; PUBLISHes the others' ids.
 local function grant_pass()
   if quarantined() then return {} end
-  local ids = redis.call('ZRANGE', QUEUE, 0, -1)
+  local ids = redis.call('ZRANGE', QUEUE, 0, CHUNK - 1)
   if #ids == 0 then return {} end
   local counts = as_table(redis.call('HGETALL', HELD))
+  local full_at = math.huge
+  if redis.call('SCARD', NOGLOBAL) == 0 then full_at = limit_of(GLOBAL) end
   local mine, others = {}, {}
+  local start, stop = 0, false
+  repeat
+  local gone = 0                                               -- entries left the queue
   for _, id in ipairs(ids) do
+    if (counts[GLOBAL] or 0) >= full_at then stop = true; break end
     local rec = redis.call('HGET', WAITERS, id)
     if not rec then
-      redis.call('ZREM', QUEUE, id)
+      drop_waiter(id)
+      gone = gone + 1
     else
       local w = cjson.decode(rec)
       local blocked = false                                    -- (1) private full: skip
@@ -209,6 +231,7 @@ local function grant_pass()
         if fits then                                           -- (2) grant, all or nothing
           for _, r in ipairs(w.r) do counts[r] = (counts[r] or 0) + 1 end
           drop_waiter(id)
+          gone = gone + 1
           make_lease(id, rec, w)
           if w.o == owner then
             mine[#mine + 1] = id
@@ -224,6 +247,10 @@ local function grant_pass()
       end
     end
   end
+  if stop or #ids < CHUNK then break end
+  start = start + #ids - gone
+  ids = redis.call('ZRANGE', QUEUE, start, start + CHUNK - 1)
+  until #ids == 0
   for o, list in pairs(others) do redis.call('PUBLISH', chan .. o, table.concat(list, ',')) end
   return mine
 end
