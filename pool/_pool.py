@@ -19,18 +19,18 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-import json
 import logging
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 
 import httpx
 
+from . import _stats, _upkeep
 from ._connection import ClientFactory, gradio_factory, quiet_gradio_env
 from ._errors import Classified
 from ._events import Hook, PoolEvent, emit
@@ -80,18 +80,6 @@ _SPACE_DOWN_KINDS = frozenset(
      "space_error"}
 )  # fmt: skip
 _SPACE_COOLDOWN_S = 30.0
-_PUBLISH_S = 2.0
-_PROCESS_PREFIX = "proc:"
-# Per-Space figures that add up across processes in pool-stats.
-_SUMMED = (
-    "totalConnections",
-    "availableConnections",
-    "inUseConnections",
-    "openingConnections",
-    "healthyConnections",
-    "unhealthyConnections",
-    "localWaiters",
-)
 
 
 @dataclass(frozen=True)
@@ -261,7 +249,7 @@ class Pool:
         await asyncio.gather(*(sp.aclose() for sp in self.spaces.values()))
         if self._started:
             with contextlib.suppress(Exception):
-                await self.coordinator.delete_value(_PROCESS_PREFIX + self._process_id)
+                await self.coordinator.delete_value(_stats.PROCESS_PREFIX + self._process_id)
         if self._http is not None:
             await self._http.aclose()
         if self._coordinator is not None and self._owns_coordinator:
@@ -563,150 +551,20 @@ class Pool:
             sp.mark_down(kind, _SPACE_COOLDOWN_S)
             emit(self.hooks, PoolEvent("failover", sp.name, kind))
 
-    # -- maintenance: health checks and idle reaping ----------------------------------------
+    # -- maintenance and statistics (pool/_upkeep.py, pool/_stats.py) -----------------------
     async def _maintain(self) -> None:
-        s = self.settings
-        tick = max(0.05, min(s.health_interval_s, s.idle_timeout_s / 2, _PUBLISH_S))
-        while True:
-            await asyncio.sleep(tick)
-            for sp in self.spaces.values():
-                sp.reap_idle(s.idle_timeout_s)
-            with contextlib.suppress(Exception):  # a store outage must not stop upkeep
-                await self._publish()
-            with contextlib.suppress(Exception):
-                await self.board.refresh()
-            with contextlib.suppress(Exception):
-                await self._pause_idle()
-            if self._clock() - self._last_health_at >= s.health_interval_s:
-                await self.health_check()
-
-    async def _pause_idle(self) -> None:
-        """Idle pause (opt-in): Spaces with no leases and no waiters anywhere."""
-        names = [n for n in self.spaces if self.waker.policy.pauses(n)]
-        if not names:
-            return
-        snap = await self.coordinator.snapshot()
-        for name in names:
-            sp = self.spaces[name]
-            resource = SPACE_PREFIX + name
-            busy = bool(snap.held.get(resource) or snap.queued.get(resource) or sp.busy())
-            await self.waker.maybe_pause(sp.spec, busy, sp.drop_idle)
-
-    def _local_pools(self) -> dict[str, dict[str, Any]]:
-        return {n: sp.snapshot(self.settings.health_failures) for n, sp in self.spaces.items()}
-
-    async def _publish(self) -> None:
-        """Share this process's connection snapshot with the fleet, with a TTL."""
-        await self.coordinator.put_value(
-            _PROCESS_PREFIX + self._process_id,
-            json.dumps({"pools": self._local_pools(), "assignments": self.router.assignments}),
-            ttl_s=3 * _PUBLISH_S,
-        )
-
-    async def _fleet_pools(self) -> tuple[dict[str, dict[str, Any]], int, int]:
-        """Connection counts summed over every live process: (pools, processes, users)."""
-        local = self._local_pools()
-        if not self._started:
-            return local, 1, 0
-        try:
-            await self._publish()
-            published = await self.coordinator.values(_PROCESS_PREFIX)
-        except Exception:
-            return local, 1, self.router.assignments
-        summed: dict[str, dict[str, Any]] = {n: dict.fromkeys(_SUMMED, 0) for n in local}
-        users = 0
-        for raw in published.values():
-            try:
-                other = json.loads(raw)
-            except ValueError:
-                continue
-            users += int(other.get("assignments", 0))
-            for name, entry in other.get("pools", {}).items():
-                if name in summed:
-                    for key in _SUMMED:
-                        summed[name][key] += int(entry.get(key, 0))
-        for name, entry in summed.items():
-            local[name].update(entry)
-        return local, max(1, len(published)), users
+        await _upkeep.maintain(self)
 
     async def health_check(self) -> None:
         """One round: probe ≤ ``health_sample`` idle connections per Space (SPEC 4.4)."""
-        self._last_health_at = self._clock()
-        self.health_running = True
-        try:
-            await asyncio.gather(*(self._check_space(sp) for sp in self.spaces.values()))
-        finally:
-            self.health_running = False
-            self.last_health_check = datetime.now(UTC)
+        await _upkeep.health_check(self)
 
-    async def _check_space(self, sp: SpacePool) -> None:
-        assert self._http is not None
-        s = self.settings
-        if self.board.get(sp.name).waking(self._wall()):
-            return  # booting: its wake deadline decides, not the health check
-        sample = sp.idle_sample(s.health_sample)
-        if not sample:
-            if not sp.is_up() and sp.probe_url:
-                with contextlib.suppress(Exception):
-                    await sp.probe(self._http, sp.probe_url)
-                    sp.down_until = 0.0  # answers again: let requests try it
-            return
-        for conn in sample:
-            try:
-                app_id = await sp.probe(self._http, conn.probe_url())
-            except Exception:
-                conn.failures += 1
-                emit(self.hooks, PoolEvent("health", sp.name, "failed"))
-                if not conn.is_healthy(s.health_failures):
-                    sp.discard_idle(conn)
-                continue
-            conn.failures = 0
-            if conn.app_id is not None and app_id != conn.app_id:
-                emit(self.hooks, PoolEvent("health", sp.name, "restarted"))
-                sp.restarted(app_id)
-                return
-            emit(self.hooks, PoolEvent("health", sp.name, "ok"))
+    async def _publish(self) -> None:
+        await _stats.publish(self)
 
-    # -- statistics ---------------------------------------------------------------------------
     def wait_percentiles(self) -> dict[str, float]:
-        waits = sorted(self._waits)
-        if not waits:
-            return {"p50": 0.0, "p95": 0.0, "p99": 0.0}
-
-        def pct(q: float) -> float:
-            return round(waits[min(len(waits) - 1, int(q * len(waits)))] * 1000, 1)
-
-        return {"p50": pct(0.50), "p95": pct(0.95), "p99": pct(0.99)}
-
-    def _health_stats(self, name: str) -> dict[str, Any]:
-        if self._board is None:
-            return {}
-        h, now = self._board.get(name), self._wall()
-        if h.paused:
-            wake = "paused"
-        elif h.waking(now):
-            wake = "waking"
-        else:
-            cached = self.waker.cached_stage(name)
-            wake = "sleeping" if cached == "SLEEPING" else "awake" if cached else "unknown"
-            if self.spaces[name].total > 0:
-                wake = "awake"
-        return {
-            "window": {
-                "initial": h.initial,
-                "current": h.window,
-                "peak": h.peak,
-                "ceiling": h.ceiling,
-                "resourceCap": self.resource_cap.cap,
-            },
-            "breaker": {
-                "state": h.breaker,
-                "consecutiveFailures": h.failures,
-                "openUntil": _iso(h.open_until) if h.breaker != "closed" else None,
-                "transitions": h.transitions,
-            },
-            "wake": {"state": wake, "deadline": _iso(h.wake_until) if wake == "waking" else None},
-        }
+        """Admission waits of this process (ms): p50, p95, p99."""
+        return _stats.wait_percentiles(self._waits)
 
     async def stats(self) -> dict[str, Any]:
         """The pool-stats dict (SPEC 5) for the whole fleet sharing the coordinator.
@@ -715,42 +573,4 @@ class Pool:
         the last few seconds; queue and in-flight figures come from the store itself.
         ``up``/``lastError``/``generation`` are this process's view.
         """
-        s = self.settings
-        snap = await self.coordinator.snapshot() if self._started else None
-        pools, processes, users = await self._fleet_pools()
-        for name, entry in pools.items():
-            entry["queueLength"] = snap.queued.get(SPACE_PREFIX + name, 0) if snap else 0
-            entry["maxConnections"] = s.max_connections
-            entry["minConnections"] = s.min_connections
-            entry["spaceInFlight"] = snap.held.get(SPACE_PREFIX + name, 0) if snap else 0
-            entry.update(self._health_stats(name))
-        totals = {
-            key: sum(p[key] for p in pools.values())
-            for key in ("totalConnections", "availableConnections", "inUseConnections")
-        }
-        return {
-            "pools": pools,
-            **totals,
-            "totalQueued": snap.waiting if snap else 0,
-            "userAssignments": max(users, self.router.assignments),
-            "initialized": self._started,
-            "healthCheckRunning": self.health_running,
-            "lastHealthCheck": (
-                self.last_health_check.isoformat().replace("+00:00", "Z")
-                if self.last_health_check
-                else None
-            ),
-            "processes": processes,
-            "admission": {
-                "store": snap.store if snap else None,
-                "reachable": snap.reachable if snap else True,
-                "globalInUse": snap.held.get(GLOBAL_RESOURCE, 0) if snap else 0,
-                "globalLimit": s.global_max_concurrent,
-                "consumerLimit": s.consumer_max_concurrent,
-                "waitMs": self.wait_percentiles(),
-            },
-        }
-
-
-def _iso(wall: float) -> str:
-    return datetime.fromtimestamp(wall, UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
+        return await _stats.collect(self)
