@@ -75,10 +75,11 @@ from .resilience import (
 
 _log = logging.getLogger("spacepool")
 # Failures that mean the Space itself is unreachable: route around it.
-_SPACE_DOWN_KINDS = frozenset(
-    {"connect", "dropped", "invalid_state", "not_found", "timeout", "wake_timeout", "paused",
-     "space_error"}
-)  # fmt: skip
+# ... and those that mean it is asleep, paused or broken on the Hub (not a provider failure).
+_WAKE_KINDS = frozenset({"wake_timeout", "paused", "space_error"})
+_SPACE_DOWN_KINDS = (
+    frozenset({"connect", "dropped", "invalid_state", "not_found", "timeout"}) | _WAKE_KINDS
+)
 _SPACE_COOLDOWN_S = 30.0
 
 
@@ -399,53 +400,65 @@ class Pool:
         tried: list[str] = []
         last_error: PoolError | None = None
         while True:
-            name = await self._pick(user, space, tried, last_error, avoid)
+            name, probing = await self._pick(user, space, tried, last_error, avoid)
             sp = self.spaces[name]
             try:
-                await self.waker.ensure_awake(
-                    sp.spec,
-                    connected=sp.total > 0 and sp.is_up(),
-                    probe=functools.partial(self._answers, sp),
-                    ticket=ticket,
-                )
+                lease, conn = await self._admit_one(sp, user, deadline, ticket)
             except UpstreamTransportError as exc:
-                self._space_failed(sp, exc, count=False)
-                tried.append(name)
-                last_error = exc
-                continue
-            resources = [GLOBAL_RESOURCE, SPACE_PREFIX + name]
-            if user is not None:
-                resources.append(CONSUMER_PREFIX + user)
-            waited_from = self._clock()
-            try:
-                lease = await self.coordinator.acquire(
-                    resources, timeout=max(0.0, deadline - self._clock()), ticket=ticket
-                )
-            except BusyError as exc:
-                emit(self.hooks, PoolEvent("busy", name, exc.reason))
-                raise
-            waited = self._clock() - waited_from
-            self._waits.append(waited)
-            emit(self.hooks, PoolEvent("admitted", name, None, waited))
-            try:
-                conn = await sp.checkout()
-            except PoolError as exc:
-                await self._release(lease)
-                if exc.kind not in _SPACE_DOWN_KINDS and not isinstance(
-                    exc, UpstreamTransportError
-                ):
-                    raise
-                self._space_failed(sp, exc, count=True)
-                await self._record(name, "failure")
+                if exc.kind in _WAKE_KINDS:
+                    self._space_failed(sp, exc, count=False)
+                else:  # could not connect: a provider failure
+                    self._space_failed(sp, exc, count=True)
+                    await self._record(name, "failure")
                 tried.append(name)
                 last_error = exc
                 continue
             except BaseException:
-                await self._release(lease)
+                if probing:  # hand the half-open probe back: nothing was learned
+                    await self._record(name, "neutral")
                 raise
             if user is not None and space is None:
                 self.router.repin(user, name)
             return lease, sp, conn
+
+    async def _admit_one(
+        self, sp: SpacePool, user: str | None, deadline: float, ticket: WaitTicket | None
+    ) -> tuple[Lease, Any]:
+        """Wake ``sp`` if it sleeps, admit, check out; UpstreamTransportError: fail over."""
+        name = sp.name
+        await self.waker.ensure_awake(
+            sp.spec,
+            connected=sp.total > 0 and sp.is_up(),
+            probe=functools.partial(self._answers, sp),
+            ticket=ticket,
+        )
+        resources = [GLOBAL_RESOURCE, SPACE_PREFIX + name]
+        if user is not None:
+            resources.append(CONSUMER_PREFIX + user)
+        waited_from = self._clock()
+        try:
+            lease = await self.coordinator.acquire(
+                resources, timeout=max(0.0, deadline - self._clock()), ticket=ticket
+            )
+        except BusyError as exc:
+            emit(self.hooks, PoolEvent("busy", name, exc.reason))
+            raise
+        waited = self._clock() - waited_from
+        self._waits.append(waited)
+        emit(self.hooks, PoolEvent("admitted", name, None, waited))
+        try:
+            conn = await sp.checkout()
+        except PoolError as exc:
+            await self._release(lease)
+            if isinstance(exc, UpstreamTransportError):
+                raise
+            if exc.kind in _SPACE_DOWN_KINDS:
+                raise UpstreamTransportError(str(exc), kind=exc.kind) from exc
+            raise
+        except BaseException:
+            await self._release(lease)
+            raise
+        return lease, conn
 
     def _space_failed(self, sp: SpacePool, exc: PoolError, *, count: bool) -> None:
         """Route around ``sp`` for a cool-down (unless it is booting) and say so."""
@@ -469,8 +482,9 @@ class Pool:
         tried: list[str],
         last: PoolError | None,
         avoid: Sequence[str],
-    ) -> str:
-        """The Space for this attempt: up, breaker closed (or ours to probe), not tried."""
+    ) -> tuple[str, bool]:
+        """The Space for this attempt — up, breaker closed or ours to probe, not tried —
+        and whether this request is its half-open probe."""
         board = self.board
         if space is not None:
             if tried:
@@ -479,8 +493,10 @@ class Pool:
                     retry_after_s=self._retry_after_down(),
                 )
             health = board.get(space)
-            if health.admits() or await board.take_probe(space):
-                return space
+            if health.admits():
+                return space, False
+            if await board.take_probe(space):
+                return space, True
             emit(self.hooks, PoolEvent("failover", space, "breaker_open"))
             raise NoHealthySpaceError(
                 f"Space {space!r} is refusing work for now (circuit breaker open)",
@@ -509,7 +525,10 @@ class Pool:
             )
             pinned = self.router.pinned(user) if user else None
             probes = [n for n in candidates if not board.get(n).admits()]
-            if probes and not (pinned in candidates and board.get(pinned or "").admits()):
+            probing = bool(probes) and not (
+                pinned in candidates and board.get(pinned or "").admits()
+            )
+            if probing:
                 choice = probes[0]  # recovery needs a probe: this request is it
                 if not await board.take_probe(choice):
                     tried.append(choice)
@@ -519,7 +538,7 @@ class Pool:
                 choice = self.router.candidates(user, closed, lambda n: self.spaces[n].load())[0]
             if user is not None and pinned != choice:
                 emit(self.hooks, PoolEvent("assignment", choice))
-            return choice
+            return choice, probing
 
     def _retry_after_down(self) -> float:
         """Seconds until the first Space marked down or breaker-open may be tried again."""
@@ -536,8 +555,17 @@ class Pool:
 
     async def _record(self, name: str, outcome: Outcome) -> None:
         """Feed the shared window and breaker; a store outage never fails the request."""
-        if outcome == "neutral" and self.board.get(name).breaker == "closed":
-            return  # nothing to learn and no probe to hand back: skip the store
+        h = self.board.get(name)
+        if h.breaker == "closed" and (
+            outcome == "neutral"  # nothing to learn, no probe to hand back
+            or (  # at the ceiling with nothing to reset: a success changes nothing we use
+                outcome == "success"
+                and h.window >= h.ceiling
+                and h.failures == 0
+                and not self.waker.policy.pauses(name)
+            )
+        ):
+            return
         try:
             await asyncio.shield(self.board.record(name, outcome))
         except (PoolError, OSError) as exc:

@@ -61,6 +61,7 @@ import contextlib
 import hashlib
 import json
 import logging
+import random
 import secrets
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, cast
@@ -82,7 +83,7 @@ _KEYS = (
     "meta", "limits", "held", "queue", "waiters", "wexp", "leases", "lexp", "kv", "kvexp",
     "noglobal",
 )
-_CAS_ATTEMPTS = 16
+_CAS_ATTEMPTS = 32
 _OPS_PER_RUN = 32  # operations per script run at most: Redis runs one script at a time
 _UNREACHABLE = (RedisConnectionError, RedisTimeoutError, ReadOnlyError, OSError)
 
@@ -550,6 +551,7 @@ class _RedisStore:
         self._limits_set: dict[str, int] = {}
         self._secret: str | None = None
         self._local: LocalEntries | None = None
+        self._value_locks = [asyncio.Lock() for _ in range(16)]
 
     def attach(self, local: LocalEntries) -> None:
         self._local = local
@@ -739,17 +741,21 @@ class _RedisStore:
     ) -> str | None:
         # Optimistic: read, compute, compare-and-set; a write by another process in
         # between makes the script answer CONFLICT with the live value, and we go again.
-        current = await self.get_value(key)
-        ttl_ms = max(1, round(ttl_s * 1000))
-        for _ in range(_CAS_ATTEMPTS):
-            new = update(current)
-            if new is None:
-                return current
-            known = ("0", "") if current is None else ("1", current)
-            reply = await self._call("kv_cas", key, *known, new, ttl_ms)
-            if reply[0] == "OK":
-                return new
-            current = None if reply[1] is False else str(reply[1])
+        # Updates of one key from this process take turns (a striped lock), so only
+        # other processes can conflict with us and the loop converges.
+        async with self._value_locks[hash(key) % len(self._value_locks)]:
+            current = await self.get_value(key)
+            ttl_ms = max(1, round(ttl_s * 1000))
+            for attempt in range(_CAS_ATTEMPTS):
+                new = update(current)
+                if new is None:
+                    return current
+                known = ("0", "") if current is None else ("1", current)
+                reply = await self._call("kv_cas", key, *known, new, ttl_ms)
+                if reply[0] == "OK":
+                    return new
+                current = None if reply[1] is False else str(reply[1])
+                await asyncio.sleep(random.uniform(0, 0.001 * (attempt + 1)))
         raise StoreUnavailable(f"redis {self._where}: value {key!r} keeps changing")
 
     async def watch(
