@@ -6,11 +6,15 @@
         text = await client.predict("hello", 0, api_name="/predict")
         client.space                      # the Space that served it
 
+    done = await get_pool().predict("/predict", "hello", 0, email="alice@example.com")
+    done.space, done.result           # with retries, failover, breakers, one deadline
+
     stats = await get_pool().stats()      # the pool-stats dict
     await get_pool().aclose()             # close every connection
 
 ``get_pool()`` is the process-wide pool built lazily from ``POOL_*`` settings; nothing
-connects at import or construction time.
+connects at import or construction time. Resilience (adaptive window, breakers,
+sleeping Spaces, ``SpaceControl``) lives in :mod:`pool.resilience`.
 """
 
 from __future__ import annotations
@@ -37,7 +41,7 @@ from ._exceptions import (
 )
 from ._guard import check_outbound
 from ._handle import PooledClient, PooledJob
-from ._pool import Pool
+from ._pool import Pool, Prediction
 from ._settings import PoolSettings
 from ._spaces import SpaceSpec, parse_space, parse_spaces
 from .admission import WaitTicket
@@ -91,6 +95,7 @@ __all__ = [
     "PoolSettings",
     "PooledClient",
     "PooledJob",
+    "Prediction",
     "RefusedByPolicy",
     "SpaceSpec",
     "UnknownEndpoint",

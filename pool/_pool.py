@@ -1,17 +1,24 @@
 """The pool: Spaces, admission, routing, health — and ``get_client`` on top.
 
-One request goes through four steps, each owned by one object:
+One request goes through these steps, each owned by one object:
 
-1. route — :class:`~pool._routing.Router` orders the candidate Spaces;
-2. admit — the coordinator grants ``backend:global`` + ``space:<name>`` +
-   ``consumer:<hash>`` all at once, FIFO, within the queue deadline;
-3. check out — the Space's :class:`~pool._space_pool.SpacePool` hands over an
+1. route — :class:`~pool._routing.Router` orders the candidate Spaces, among those up
+   whose shared circuit breaker admits work (:mod:`pool.resilience`); after a
+   breaker's cool-down one request is its half-open probe;
+2. wake — a Space with no live connection that the Hub reports asleep is woken and
+   waited for within its wake deadline (no slot is held meanwhile);
+3. admit — the coordinator grants ``backend:global`` + ``space:<name>`` (whose limit
+   is the Space's adaptive window) + ``consumer:<hash>`` all at once, FIFO, within the
+   queue deadline;
+4. check out — the Space's :class:`~pool._space_pool.SpacePool` hands over an
    exclusive connection, opening one if needed (lazy start, growth to the max);
-4. release — on every exit path the handle is detached, the connection returned
-   (or discarded) and the lease released, shielded from cancellation.
+5. release — on every exit path the handle is detached, the connection returned
+   (or discarded) and the lease released, shielded from cancellation; then the
+   outcome (success, provider failure, neutral) feeds the shared window and breaker.
 
-A failure to connect marks the Space down for a cool-down and the request moves on
-to the next candidate (SPEC 4.4) with what is left of its queue deadline.
+A failure to connect (or to wake in time) marks the Space down for a cool-down and
+the request moves on to the next candidate (SPEC 4.4) with what is left of its queue
+deadline. :meth:`Pool.predict` wraps all of it in the retry policy and one deadline.
 """
 
 from __future__ import annotations
