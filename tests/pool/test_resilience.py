@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+from collections.abc import Callable
 
 import pytest
 
@@ -150,6 +151,20 @@ def _sleeping_space(name: str) -> tuple[str, int]:
     return f"{name}=http://127.0.0.1:{port}/", port
 
 
+def boot_on_wake(
+    name: str, port: int, delay_s: float, booted: list[SpaceProcess]
+) -> Callable[[str], None]:
+    """An ``on_wake`` for FakeSpaceControl: start the stand-in ``delay_s`` after the wake."""
+
+    def boot_later(_name: str) -> None:
+        start = lambda: booted.append(SpaceProcess(name, port=port, wait=False))  # noqa: E731
+        timer = threading.Timer(delay_s, start)
+        timer.daemon = True
+        timer.start()
+
+    return boot_later
+
+
 async def _watch_ticket(ticket: WaitTicket, seen: set[str], stop: asyncio.Event) -> None:
     while not stop.is_set():
         seen.add(ticket.stage)
@@ -164,14 +179,9 @@ async def test_sleeping_space_is_woken_and_used_within_its_wake_deadline(
     stage ``waking`` and the Space's stats say so."""
     entry, port = _sleeping_space("sleepy")
     started_space: list[SpaceProcess] = []
-
-    def boot_later(_name: str) -> None:
-        timer = threading.Timer(20.0, lambda: started_space.append(
-            SpaceProcess("sleepy", port=port, wait=False)))  # fmt: skip
-        timer.daemon = True
-        timer.start()
-
-    control = FakeSpaceControl({"sleepy": "SLEEPING"}, on_wake=boot_later)
+    control = FakeSpaceControl(
+        {"sleepy": "SLEEPING"}, on_wake=boot_on_wake("sleepy", port, 20.0, started_space)
+    )
     settings = PoolSettings(
         spaces=f"{entry},{clean_fleet.pool_spaces_env()}",
         coordinator_url="memory://",

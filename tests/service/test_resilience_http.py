@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import threading
 import time
 from typing import Any
 
@@ -12,6 +11,7 @@ import httpx
 from devspaces import SpaceFleet, SpaceProcess, free_port
 from pool import Pool, PoolSettings, set_pool
 from pool.resilience import FakeSpaceControl
+from tests.pool.test_resilience import boot_on_wake
 from tests.service.conftest import ServiceFactory, admin_headers, eventually, wait_for
 
 PEM = (
@@ -83,14 +83,9 @@ async def test_job_on_a_sleeping_space_shows_waking_then_runs(spaces: SpaceFleet
 
     port = free_port()
     booted: list[SpaceProcess] = []
-
-    def boot_later(_name: str) -> None:
-        timer = threading.Timer(4.0, lambda: booted.append(SpaceProcess("sleepy", port=port,
-                                                                         wait=False)))  # fmt: skip
-        timer.daemon = True
-        timer.start()
-
-    control = FakeSpaceControl({"sleepy": "SLEEPING"}, on_wake=boot_later)
+    control = FakeSpaceControl(
+        {"sleepy": "SLEEPING"}, on_wake=boot_on_wake("sleepy", port, 4.0, booted)
+    )
     settings = PoolSettings(
         spaces=f"sleepy=http://127.0.0.1:{port}/,{spaces.pool_spaces_env()}",
         coordinator_url="memory://",
