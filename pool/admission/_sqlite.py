@@ -63,7 +63,7 @@ from urllib.parse import parse_qs, urlsplit
 
 from ._lease_keeper import SharedCoordinator, StoreUnavailable, StoreView, Withdrawn
 from ._protocol import AdmissionSnapshot, new_id
-from ._rule import limit_lookup, plan_grants
+from ._rule import GLOBAL_RESOURCE, limit_lookup, plan_grants
 
 T = TypeVar("T")
 _log = logging.getLogger("pool.admission")
@@ -406,17 +406,34 @@ class _SQLiteStore:
         """
         conn.execute("DELETE FROM leases WHERE expires_at < ?", (now,))
         conn.execute("DELETE FROM waiters WHERE expires_at < ?", (now,))
-        rows: list[tuple[str, str, str]] = conn.execute(
-            "SELECT id, owner, resources FROM waiters ORDER BY seq"
-        ).fetchall()
-        if not rows and newcomer is None:
+        if newcomer is None and conn.execute("SELECT 1 FROM waiters LIMIT 1").fetchone() is None:
             return set()
-        queue = [(key, tuple(json.loads(res))) for key, _, res in rows]
-        owners = {key: owner for key, owner, _ in rows}
-        if newcomer is not None:
-            queue.append(newcomer)
-            owners[newcomer[0]] = self._owner
-        granted = plan_grants(queue, _held(conn, now), limit_lookup(_limits(conn)))
+        # While every waiter needs backend:global, the pass stops once it is full
+        # (plan_grants' all_need), so the rows are read and parsed lazily, in order.
+        # A resource name inside the JSON list is quoted: this LIKE matches it exactly.
+        (others,) = conn.execute(
+            "SELECT COUNT(*) FROM waiters WHERE resources NOT LIKE ?",
+            (f'%{json.dumps(GLOBAL_RESOURCE)}%',),
+        ).fetchone()
+        all_need = None
+        if others == 0 and (newcomer is None or GLOBAL_RESOURCE in newcomer[1]):
+            all_need = GLOBAL_RESOURCE
+        owners: dict[str, str] = {}
+        rows = conn.execute("SELECT id, owner, resources FROM waiters ORDER BY seq")
+
+        def queue() -> Iterable[tuple[str, tuple[str, ...]]]:
+            for key, owner, res in rows:
+                owners[key] = owner
+                yield key, tuple(json.loads(res))
+            if newcomer is not None:
+                owners[newcomer[0]] = self._owner
+                yield newcomer
+
+        try:
+            limit_of = limit_lookup(_limits(conn))
+            granted = plan_grants(queue(), _held(conn, now), limit_of, all_need=all_need)
+        finally:
+            rows.close()
         mine: set[str] = set()
         for key in granted:
             if newcomer is not None and key == newcomer[0]:
