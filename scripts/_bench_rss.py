@@ -8,7 +8,6 @@ and earlier rows do not count twice:
   connections and reads its RSS and thread count (psutil); then all 3 × N
   connections serve one predict at once (their gradio executors start threads) and
   it reads both again ("after use");
-* ``pool-fix`` — the same with the shared SSL context (what-if);
 * ``raw`` — the same number of plain ``gradio_client.Client`` objects opened by 16
   threads, one predict on one of them per Space (the yardstick: what the Clients
   themselves weigh, without the pool).
@@ -46,9 +45,8 @@ def _usage() -> tuple[float, int]:
     return proc.memory_info().rss / MB, proc.num_threads()
 
 
-async def child_pool(spaces: str, per_space: int, *, fix: bool) -> dict[str, Any]:
+async def child_pool(spaces: str, per_space: int) -> dict[str, Any]:
     import gradio_client  # noqa: F401 - counted in the baseline, as in the raw child
-    from _bench_clients import proposed_factory
 
     from pool import Pool, PoolSettings
 
@@ -62,7 +60,7 @@ async def child_pool(spaces: str, per_space: int, *, fix: bool) -> dict[str, Any
         queue_timeout_s=120,
         connect_timeout_s=60,
     )
-    pool = Pool(settings, client_factory=proposed_factory(settings) if fix else None)
+    pool = Pool(settings)
     started = time.monotonic()
     for name in pool.spaces:
         async with pool.client(None, space=name) as client:
@@ -144,19 +142,19 @@ def measure(mode: str, spaces: str, per_space: int) -> dict[str, Any]:
     return result
 
 
-MODES = ("pool", "pool-fix", "raw")
+MODES = ("pool", "raw")
 
 
 def rss_rows(spaces: str, *, per_space: int, rounds: int, with_raw: bool) -> list[Result]:
     runs: dict[str, list[dict[str, Any]]] = {mode: [] for mode in MODES}
-    modes = list(MODES) if with_raw else ["pool", "pool-fix"]
+    modes = list(MODES) if with_raw else ["pool"]
     for r in range(rounds):
         for mode in modes if r % 2 == 0 else modes[::-1]:
             runs[mode].append(measure(mode, spaces, per_space))
     n = 3 * per_space
     raw = runs["raw"]
     results: list[Result] = []
-    for mode, label in (("pool", "RSS"), ("pool-fix", "RSS, what-if shared SSL context")):
+    for mode, label in (("pool", "RSS"),):
         got = runs[mode]
         conns = [run["connections"] for run in got]
 
@@ -172,8 +170,6 @@ def rss_rows(spaces: str, *, per_space: int, rounds: int, with_raw: bool) -> lis
             f"{per_conn('rss_used_mb', 'rss0_mb'):.2f} MB after use; opening them took "
             f"{statistics_median([r['open_s'] for r in got]):.0f} s"
         )
-        if mode == "pool-fix":
-            note += "; the pool given one shared ssl.SSLContext through client_factory"
         for state, key in (("idle", "rss_mb"), ("after each served a predict", "rss_used_mb")):
             values = [run[key] for run in got]
             # Quick mode holds fewer connections: judge the goal on the projection to 150.
@@ -189,9 +185,9 @@ def rss_rows(spaces: str, *, per_space: int, rounds: int, with_raw: bool) -> lis
                     f"{label}: {n} pooled connections, {state}",
                     "MB",
                     Summary.of(values),
-                    "pool + fix" if mode == "pool-fix" else "pool",
+                    "pool",
                     Summary.of([run["rss_mb"] for run in raw]) if raw and idle else None,
-                    f"{n} raw Clients, 3 used",
+                    f"{n} raw Clients (gradio defaults), 3 used",
                     ratio=Summary.of([m / GOAL_MB for m in judged]),
                     ratio_style="share",
                     goal=f"≤ {GOAL_MB:.0f} MB RSS (ratio: share of it)",
@@ -249,8 +245,8 @@ def main() -> None:
     parser.add_argument("--child", nargs=3, metavar=("MODE", "SPACES", "PER_SPACE"), required=True)
     args = parser.parse_args()
     mode, spaces, per_space = args.child[0], args.child[1], int(args.child[2])
-    if mode in ("pool", "pool-fix"):
-        figures = asyncio.run(child_pool(spaces, per_space, fix=mode == "pool-fix"))
+    if mode == "pool":
+        figures = asyncio.run(child_pool(spaces, per_space))
     else:
         figures = child_raw(spaces, per_space)
     print(json.dumps(figures), flush=True)

@@ -6,17 +6,18 @@ time. Throughput = callers / (last completion − start). Two yardsticks:
 
 * the ideal ``cap / service_s`` (every slot busy every moment with pure service), and
 * what the machine gives: ``cap`` raw reused ``gradio_client.Client`` threads (spread
-  over the same Spaces) looping the same predict with no admission at all, measured
-  in the same repetition — their mean per-call time ``T`` gives ``cap / T``.
+  over the same Spaces, given the one shared SSL context the pool gives its own
+  connections) looping the same predict with no admission at all, measured in the
+  same repetition — their mean per-call time ``T`` gives ``cap / T``.
 
 The first ratio includes gradio's own per-call cost (queue join + SSE stream, shared
 by client and Spaces on one machine); the second is what the pool itself costs.
 Admission waits come from the pool's ``admitted`` hook; CPU per call (this process
 and the Space processes, psutil) tells the machine's share from ours.
 
-Every figure is measured twice more as a *what-if*: the pool with a ``client_factory``
-that passes one shared ``ssl.SSLContext`` to gradio_client (the proposed fix, see
-``_bench_clients.shared_ssl_context``), against raw Clients given the same context.
+Each Space's admission limit is its adaptive window (AIMD: starts at 4, +1 per 3
+successes in a row); the warm-up bursts before the timed rounds let it climb, and the
+windows reached are printed in the note, so the timed runs measure the global cap.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import psutil
-from _bench_clients import open_raw, proposed_factory
+from _bench_clients import open_raw
 from _bench_stats import Result, Summary, percentile, ratios
 
 from devspaces import SpaceFleet
@@ -124,51 +125,42 @@ def _settings(fleet: SpaceFleet, cap: int) -> PoolSettings:
 
 
 POOL = "pool"
-POOL_FIX = "pool + shared SSL"
 RAW = "raw"
-RAW_FIX = "raw + shared SSL"
 
 
 @dataclass
 class _Variants:
     """Per repetition: pooled runs, raw bursts and CPU per call, by variant name."""
 
-    pooled: dict[str, list[_Run]] = field(default_factory=lambda: {POOL: [], POOL_FIX: []})
-    raw: dict[str, list[tuple[float, list[float]]]] = field(
-        default_factory=lambda: {RAW: [], RAW_FIX: []}
-    )
+    pooled: dict[str, list[_Run]] = field(default_factory=lambda: {POOL: []})
+    raw: dict[str, list[tuple[float, list[float]]]] = field(default_factory=lambda: {RAW: []})
     cpu_ms: dict[str, list[tuple[float, float]]] = field(
-        default_factory=lambda: {v: [] for v in (POOL, POOL_FIX, RAW, RAW_FIX)}
+        default_factory=lambda: {v: [] for v in (POOL, RAW)}
     )
     peaks: list[int] = field(default_factory=list)
     opened: list[int] = field(default_factory=list)
+    windows: dict[str, int] = field(default_factory=dict)
 
 
 async def saturation_rows(
     fleet: SpaceFleet, *, callers: int, cap: int, service_s: float, rounds: int, raw_calls: int
 ) -> list[Result]:
     settings = _settings(fleet, cap)
-    pools = {
-        POOL: Pool(settings),
-        POOL_FIX: Pool(settings, client_factory=proposed_factory(settings)),
-    }
+    pools = {POOL: Pool(settings)}
     urls = [space.url for space in fleet]
     raws = {
-        name: await asyncio.gather(
-            *(
-                asyncio.to_thread(open_raw, urls[i % len(urls)], shared_ssl=name == RAW_FIX)
-                for i in range(cap)
-            )
+        RAW: await asyncio.gather(
+            *(asyncio.to_thread(open_raw, urls[i % len(urls)], shared_ssl=True) for i in range(cap))
         )
-        for name in (RAW, RAW_FIX)
     }
     v = _Variants()
     cpu = CPU(fleet)
-    order = [RAW, POOL, RAW_FIX, POOL_FIX]
+    order = [RAW, POOL]
     try:
-        for pool in pools.values():  # connections open lazily: warm up
-            await pooled_burst(pool, 2 * cap, 0.05, "warm")
-            await pooled_burst(pool, 2 * cap, 0.05, "warm2")
+        for pool in pools.values():  # connections open lazily, windows start low: warm up
+            for k in range(3):
+                await pooled_burst(pool, 2 * cap, 0.05, f"warm{k}")
+            v.windows = {name: pool.board.get(name).window for name in pool.spaces}
         for clients in raws.values():
             await asyncio.to_thread(raw_burst, clients, 1, 0.05)
         for r in range(rounds):
@@ -211,13 +203,11 @@ def _results(
         f"{callers} callers (distinct users) at once, 3 Spaces, cap G = {cap}, service S = "
         f"{service_s:g} s, {rounds} rounds; errors {errors}; most calls in flight at once on the "
         f"3 Spaces {max(v.peaks, default=0)} (cap {cap}); connections opened in the timed runs "
-        f"{sum(v.opened)}"
+        f"{sum(v.opened)}; Space windows after the warm-up "
+        + ", ".join(f"{name} {w}" for name, w in v.windows.items())
     )
     results: list[Result] = []
-    for pool_name, raw_name, label in (
-        (POOL, RAW, "saturation"),
-        (POOL_FIX, RAW_FIX, "saturation, what-if shared SSL context"),
-    ):
+    for pool_name, raw_name, label in ((POOL, RAW, "saturation"),):
         runs = v.pooled[pool_name]
         throughput = [callers / run.elapsed for run in runs]
         raw_mean_s = [statistics.fmean(times) for _, times in v.raw[raw_name]]
@@ -226,19 +216,14 @@ def _results(
         holds = [statistics.fmean(run.holds) if run.holds else float("nan") for run in runs]
         share = Summary.of([t / ideal for t in throughput])
         vs_machine = Summary.of(ratios(throughput, machine))
-        fix = pool_name == POOL_FIX
-        what = (
-            "pool with a client_factory passing one shared ssl.SSLContext (proposed fix)"
-            if fix
-            else "the pool as shipped"
-        )
+        what = "the pool as shipped"
         results.append(
             Result(
                 "saturation",
                 f"{label}: throughput vs ideal G/S",
                 "/s",
                 Summary.of(throughput),
-                "pool + fix" if fix else "pool",
+                "pool",
                 Summary(ideal, ideal, ideal, 1),
                 f"G/S = {cap}/{service_s:g} s",
                 ratio=share,
@@ -252,10 +237,10 @@ def _results(
         results.append(
             Result(
                 "saturation",
-                f"{label}: throughput vs {cap} {'raw + shared SSL' if fix else 'raw'} Clients",
+                f"{label}: throughput vs {cap} raw Clients",
                 "/s",
                 Summary.of(throughput),
-                "pool + fix" if fix else "pool",
+                "pool",
                 Summary.of(machine),
                 f"{cap} / mean raw call",
                 ratio=vs_machine,
@@ -263,8 +248,8 @@ def _results(
                 goal="≥ 95 % (the pool's own share)",
                 met=errors == 0 and vs_machine.median >= 0.95,
                 note=(
-                    f"{cap} raw Client threads{' (shared SSL)' if fix else ''} × {raw_calls} "
-                    "calls: "
+                    f"{cap} raw Client threads (shared SSL context, as the pool's) × "
+                    f"{raw_calls} calls: "
                     f"mean call {1000 * statistics.median(raw_mean_s):.0f} ms for a "
                     f"{1000 * service_s:.0f} ms service, closed-loop "
                     f"{statistics.median(raw_throughput):.1f}/s; pool mean hold "
@@ -290,7 +275,6 @@ def _results(
     holds = [statistics.fmean(run.holds) if run.holds else float("nan") for run in runs]
     # A perfect FIFO with every slot busy: caller k waits floor(k / G) holds.
     ideal_p99 = [(int(0.99 * callers) // cap) * hold for hold in holds]
-    fix_p99 = [percentile(run.waits, 99) for run in v.pooled[POOL_FIX]]
     results.append(
         Result(
             "saturation",
@@ -306,10 +290,9 @@ def _results(
             note=(
                 f"all {callers} callers arrive at once, so the p99 caller queues behind "
                 f"~{int(0.99 * callers) // cap} waves of holds; wait p50 "
-                f"{statistics.median(p50):.2f} s; with the shared SSL context p99 "
-                f"{statistics.median(fix_p99):.2f} s"
+                f"{statistics.median(p50):.2f} s"
             ),
-            detail={"wait_p50_s": p50, "wait_p99_s": p99, "fix_wait_p99_s": fix_p99},
+            detail={"wait_p50_s": p50, "wait_p99_s": p99},
         )
     )
     return results

@@ -102,6 +102,7 @@ class Result:
     met: bool | None = None  # None: reported only, or not measured
     note: str = ""
     detail: dict[str, Any] = field(default_factory=dict)
+    load: Summary | None = None  # 1-minute load average while the row ran
 
     def cells(self) -> list[str]:
         ours = f"{self.ours_label}: {fmt_summary(self.ours, self.unit)}"
@@ -121,17 +122,39 @@ class Result:
                 f"{fmt_ratio(self.ratio.high, self.ratio_style)})"
             )
         verdict = {True: "met", False: "**missed**", None: "reported"}[self.met]
-        return [self.row, ours, base, ratio, self.goal or "—", verdict]
+        load = "—" if self.load is None else fmt_load(self.load)
+        return [self.row, ours, base, ratio, self.goal or "—", verdict, load]
 
     def as_json(self) -> dict[str, Any]:
         data = asdict(self)
         data["text"] = dict(
-            zip(["row", "ours", "baseline", "ratio", "goal", "result"], self.cells(), strict=True)
+            zip(
+                ["row", "ours", "baseline", "ratio", "goal", "result", "load"],
+                self.cells(),
+                strict=True,
+            )
         )
         return data
 
 
-HEADER = ["row", "ours: median (min–max)", "compared with", "ratio (min–max)", "goal", "result"]
+HEADER = [
+    "row",
+    "ours: median (min–max)",
+    "compared with",
+    "ratio (min–max)",
+    "goal",
+    "result",
+    "load avg",
+]
+
+
+def fmt_load(load: Summary) -> str:
+    """The 1-minute load average over a row: median (min–max)."""
+    if load.n == 0:
+        return "n/a"
+    if load.low == load.high:
+        return f"{load.median:.1f}"
+    return f"{load.median:.1f} ({load.low:.1f}–{load.high:.1f})"
 
 
 def markdown_table(results: Sequence[Result]) -> str:

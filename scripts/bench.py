@@ -5,14 +5,17 @@
 Rows (``--only`` names): ``fresh`` (pooled predict vs a new Client per call),
 ``raw`` (pool overhead vs one raw Client), ``cycle`` (admission cycle vs
 anyio.CapacityLimiter and SQLAlchemy QueuePool), ``fairness`` (asyncpg #1247's
-harness), ``stores`` (SQLite / Redis via scripts/bench_admission.py), ``saturation``
+harness), ``queue`` (a store's hand-off with 500 waiters queued vs 10), ``stores``
+(SQLite / Redis via scripts/bench_admission.py), ``saturation``
 (many callers, 3 Spaces, a global cap), ``rss`` (a process holding 150 connections).
 
 Everything runs against real Gradio apps on 127.0.0.1 (``devspaces``), the compared
 variants interleaved in repetitions; each figure is a median with its min–max over
 the repetitions. ``--quick`` (CI smoke, < 2 min) shrinks repetitions and sizes; the
-full run (< 10 min) is the one BENCHMARKS.md quotes. The exit code is 1 only when a
-row failed to run; a missed goal is a finding, printed in the table.
+full run (< 10 min) is the one BENCHMARKS.md quotes. The machine is shared: the 1-minute
+load average is sampled every second while each row runs and printed next to its
+figures (median, min–max). The exit code is 1 only when a row failed to run; a missed
+goal is a finding, printed in the table.
 """
 
 from __future__ import annotations
@@ -48,6 +51,7 @@ import datetime  # noqa: E402
 import json  # noqa: E402
 import platform  # noqa: E402
 import shlex  # noqa: E402
+import threading  # noqa: E402
 import time  # noqa: E402
 import traceback  # noqa: E402
 from collections.abc import Iterator  # noqa: E402
@@ -55,11 +59,11 @@ from dataclasses import dataclass  # noqa: E402
 from importlib import metadata  # noqa: E402
 from typing import Any  # noqa: E402
 
-from _bench_stats import Result, markdown_table, not_measured  # noqa: E402
+from _bench_stats import Result, Summary, markdown_table, not_measured  # noqa: E402
 
 from devspaces import SpaceFleet  # noqa: E402
 
-ROWS = ("cycle", "fairness", "stores", "fresh", "raw", "saturation", "rss")
+ROWS = ("cycle", "fairness", "queue", "stores", "fresh", "raw", "saturation", "rss")
 NEEDS_SPACES = frozenset({"fresh", "raw", "saturation", "rss"})
 
 
@@ -76,6 +80,8 @@ class Plan:
     fair_once_rounds: int
     fair_loop_rounds: int
     fair_loop_s: float
+    queue_rounds: int
+    queue_steps: int
     store_rounds: int
     store_seconds: float
     sat_callers: int
@@ -92,7 +98,8 @@ FULL = Plan(
     fresh_rounds=4, fresh_per_round=5, raw_rounds=5, raw_per_round=10,
     cycle_rounds=15, cycle_count=10_000,
     fair_once_rounds=3, fair_loop_rounds=2, fair_loop_s=5.0,
-    store_rounds=3, store_seconds=1.5,
+    queue_rounds=4, queue_steps=200,
+    store_rounds=5, store_seconds=1.5,
     sat_callers=500, sat_cap=12, sat_service_s=0.5, sat_rounds=2, sat_raw_calls=4,
     rss_per_space=50, rss_rounds=1, rss_with_raw=True,
 )  # fmt: skip
@@ -100,6 +107,7 @@ QUICK = Plan(
     fresh_rounds=2, fresh_per_round=2, raw_rounds=2, raw_per_round=4,
     cycle_rounds=5, cycle_count=2_000,
     fair_once_rounds=1, fair_loop_rounds=0, fair_loop_s=0.0,
+    queue_rounds=1, queue_steps=30,
     store_rounds=1, store_seconds=0.3,
     sat_callers=36, sat_cap=12, sat_service_s=0.5, sat_rounds=1, sat_raw_calls=1,
     rss_per_space=8, rss_rounds=1, rss_with_raw=False,
@@ -143,6 +151,7 @@ class Runner:
         self.results: list[Result] = []
         self.failed: list[str] = []
         self.timings: dict[str, float] = {}
+        self.loads: dict[str, list[float]] = {}
         self.fleet: Any = None
 
     def run(self) -> None:
@@ -165,14 +174,17 @@ class Runner:
                     continue
                 _progress(f"row {key} ...")
                 started = time.monotonic()
+                first = len(self.results)
                 try:
-                    with self._profiled(key):
+                    with self._profiled(key), _load_sampled(self.loads.setdefault(key, [])):
                         self.results += self.measure(key)
                 except Exception as exc:
                     traceback.print_exc()
                     self.failed.append(key)
                     self.results.append(not_measured(key, key, "", f"failed: {exc!r}"[:300]))
                 self.timings[key] = time.monotonic() - started
+                for result in self.results[first:]:
+                    result.load = Summary.of(self.loads[key])
                 _progress(f"row {key} done in {self.timings[key]:.0f} s")
 
     def _stop_fleet(self) -> None:
@@ -195,6 +207,10 @@ class Runner:
                     loop_s=p.fair_loop_s,
                 )
             )
+        if key == "queue":
+            from _bench_queue import queue_rows
+
+            return asyncio.run(queue_rows(rounds=p.queue_rounds, steps=p.queue_steps))
         if key == "stores":
             from _bench_stores import store_rows
 
@@ -255,6 +271,27 @@ class Runner:
             _progress(f"profile of {key} written to {path}")
 
 
+@contextlib.contextmanager
+def _load_sampled(samples: list[float], every_s: float = 1.0) -> Iterator[None]:
+    """Sample the 1-minute load average into ``samples`` while the block runs."""
+    done = threading.Event()
+
+    def sample() -> None:
+        while True:
+            samples.append(os.getloadavg()[0])
+            if done.wait(every_s):
+                return
+
+    thread = threading.Thread(target=sample, name="bench-load", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        done.set()
+        thread.join()
+        samples.append(os.getloadavg()[0])
+
+
 def _progress(message: str) -> None:
     print(f"[bench {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
 
@@ -308,6 +345,7 @@ def main(argv: list[str] | None = None) -> int:
             "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
             "elapsed_s": elapsed,
             "row_seconds": runner.timings,
+            "row_load_avg_1min": runner.loads,
             "machine": info,
             "failed_rows": runner.failed,
             "results": [r.as_json() for r in runner.results],

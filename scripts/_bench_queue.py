@@ -1,0 +1,126 @@
+"""Row "queue": what one hand-off costs when many waiters are queued, per store.
+
+A store's grant pass used to run the rule over every waiter (and refresh every
+waiter's ticket) on each acquire and release, so a hand-off cost O(waiters). Here
+``CAP`` leases are held on ``backend:global`` (the pool's resources: global, a Space,
+a consumer), ``N`` waiters queue behind them, and each step releases the oldest
+lease and queues one newcomer, so the queue keeps its length. The figure is the
+median wall time of one step (release, the hand-off to the head waiter, one
+arrival) with ``N`` = 500 against the same with ``N`` = 10, in one process;
+rounds alternate the two sizes. For the shared stores a step includes their round
+trips. The note also gives the time ``N`` arrivals at once took to queue.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import statistics
+import tempfile
+import time
+import uuid
+
+from _bench_stats import Result, Summary, ratios
+from _bench_stores import _drop_prefixes, redis_url
+
+from pool.admission import GLOBAL_RESOURCE, Coordinator, Lease, WaitTicket, open_coordinator
+
+CAP = 10
+SIZES = (10, 500)
+
+
+def _resources(i: int) -> list[str]:
+    return [GLOBAL_RESOURCE, f"space:s{i % 3}", f"consumer:u{i}"]
+
+
+async def _queued(coord: Coordinator, i: int) -> asyncio.Task[Lease]:
+    ticket = WaitTicket()
+    task = asyncio.create_task(coord.acquire(_resources(i), timeout=600, ticket=ticket))
+    while not (task.done() or ticket.position > 0):
+        await asyncio.sleep(0)
+    return task
+
+
+async def measure(url: str, waiters: int, steps: int) -> tuple[float, float]:
+    """(median seconds per step, seconds for ``waiters`` arrivals at once)."""
+    coord = open_coordinator(url, lease_ttl_s=60)
+    tasks: list[asyncio.Task[Lease]] = []
+    try:
+        await coord.set_limits({GLOBAL_RESOURCE: CAP, "space:": 50, "consumer:": 2})
+        held = [await coord.acquire(_resources(i), timeout=60) for i in range(CAP)]
+        started = time.perf_counter()
+        tasks = list(await asyncio.gather(*(_queued(coord, CAP + i) for i in range(waiters))))
+        arrivals = time.perf_counter() - started
+        seq = CAP + waiters
+        costs: list[float] = []
+        for _ in range(steps):
+            t = time.perf_counter()
+            await coord.release(held.pop(0))
+            tasks.append(await _queued(coord, seq))
+            costs.append(time.perf_counter() - t)
+            seq += 1
+            while not any(task.done() for task in tasks):  # the hand-off reached its task
+                await asyncio.sleep(0)
+            for task in [task for task in tasks if task.done()]:
+                tasks.remove(task)
+                held.append(task.result())
+        for lease in held:
+            await coord.release(lease)
+        return statistics.median(costs), arrivals
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await coord.aclose()
+
+
+async def queue_rows(*, rounds: int, steps: int) -> list[Result]:
+    import bench_admission as ba
+
+    stores = {"memory": "memory://", "SQLite": "sqlite"}
+    if ba.redis_reachable(redis_url()):
+        stores["Redis"] = "redis"
+    results: list[Result] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for name, kind in stores.items():
+            cost: dict[int, list[float]] = {n: [] for n in SIZES}
+            arrive: list[float] = []
+            prefixes: list[str] = []
+            for r in range(rounds):
+                for n in SIZES if r % 2 == 0 else SIZES[::-1]:
+                    tag = uuid.uuid4().hex[:8]
+                    if kind == "sqlite":
+                        url = f"sqlite:///{os.path.join(tmp, tag)}.db"
+                    elif kind == "redis":
+                        prefixes.append(f"spacepool-bench-{tag}:")
+                        url = f"{redis_url()}?prefix={prefixes[-1]}"
+                    else:
+                        url = kind
+                    step_s, arrivals_s = await measure(url, n, steps)
+                    cost[n].append(1000 * step_s)
+                    if n == SIZES[-1]:
+                        arrive.append(arrivals_s)
+            if prefixes:
+                _drop_prefixes(redis_url(), prefixes)
+            long, short = cost[SIZES[-1]], cost[SIZES[0]]
+            results.append(
+                Result(
+                    "queue",
+                    f"queue: hand-off + arrival, {SIZES[-1]} waiters, {name} store",
+                    "ms",
+                    Summary.of(long),
+                    f"{SIZES[-1]} waiters",
+                    Summary.of(short),
+                    f"{SIZES[0]} waiters",
+                    ratio=Summary.of(ratios(long, short)),
+                    goal="reported (flat in the queue length)",
+                    met=None,
+                    note=(
+                        f"{rounds} rounds × {steps} steps per size, cap {CAP} held on "
+                        f"{GLOBAL_RESOURCE}; {SIZES[-1]} arrivals at once queued in "
+                        f"{statistics.median(arrive):.2f} s (median)"
+                    ),
+                    detail={"step_ms": {str(n): cost[n] for n in SIZES}, "arrivals_s": arrive},
+                )
+            )
+    return results
