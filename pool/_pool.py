@@ -393,6 +393,8 @@ class Pool:
                 if served is not None:
                     failed.append(served)
                 emit(self.hooks, PoolEvent("retry", served, exc.kind))
+                if space is None:  # the next attempt is steered away from this Space
+                    emit(self.hooks, PoolEvent("failover", served, exc.kind))
                 _log.info("retrying after %s on %s (attempt %d)", exc.kind, served, attempt)
                 await asyncio.sleep(delay)
 
@@ -531,6 +533,8 @@ class Pool:
                 preferred or [n for n in usable if not board.get(n).paused] or usable
             )
             pinned = self.router.pinned(user) if user else None
+            if pinned is not None and pinned not in usable and not board.get(pinned).admits():
+                emit(self.hooks, PoolEvent("failover", pinned, "breaker_open"))
             probes = [n for n in candidates if not board.get(n).admits()]
             probing = bool(probes) and not (
                 pinned in candidates and board.get(pinned or "").admits()
