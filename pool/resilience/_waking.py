@@ -162,7 +162,10 @@ class Waker:
                 await asyncio.sleep(self.policy.poll_s)
                 health = self.board.get(name)
                 if health.wake_until == 0.0:
-                    return  # another process saw it wake up (end_wake clears the deadline)
+                    # Another process saw it wake up (end_wake clears the deadline): it
+                    # runs, so a later request here must not trust a cached SLEEPING.
+                    self._stages[name] = (RUNNING, self._clock())
+                    return
             await self.board.update(name, lambda h, now: give_up_wake(h, now))
             emit(self._hooks, PoolEvent("wake", name, "timeout", self._clock() - started))
             raise UpstreamTransportError(
