@@ -416,6 +416,8 @@ class Pool:
             except UpstreamTransportError as exc:
                 if exc.kind in _WAKE_KINDS:
                     self._space_failed(sp, exc, count=False)
+                    if probing:
+                        await self._record(name, "neutral")
                 else:  # could not connect: a provider failure
                     self._space_failed(sp, exc, count=True)
                     await self._record(name, "failure")

@@ -46,11 +46,16 @@ async def pause_idle(pool: Pool) -> None:
     names = [n for n in pool.spaces if pool.waker.policy.pauses(n)]
     if not names:
         return
-    snap = await pool.coordinator.snapshot()
     for name in names:
         sp = pool.spaces[name]
         resource = SPACE_PREFIX + name
-        busy = bool(snap.held.get(resource) or snap.queued.get(resource) or sp.busy())
+
+        async def busy(sp: SpacePool = sp, resource: str = resource) -> bool:
+            if sp.busy():
+                return True
+            snap = await pool.coordinator.snapshot()
+            return bool(snap.held.get(resource) or snap.queued.get(resource))
+
         await pool.waker.maybe_pause(sp.spec, busy, sp.drop_idle)
 
 

@@ -188,3 +188,7 @@ def may_pause(h: SpaceHealth, now: float, idle_s: float, min_uptime_s: float) ->
 
 def mark_paused(h: SpaceHealth) -> SpaceHealth:
     return dataclasses.replace(h, paused=True)
+
+
+def unmark_paused(h: SpaceHealth) -> SpaceHealth:
+    return dataclasses.replace(h, paused=False)

@@ -33,7 +33,15 @@ from .._spaces import SpaceSpec
 from ..admission import WaitTicket
 from ._board import HealthBoard
 from ._control import DOWN_STAGES, RUNNING, WAKING_STAGES, SpaceControl
-from ._health import SpaceHealth, begin_wake, end_wake, give_up_wake, mark_paused, may_pause
+from ._health import (
+    SpaceHealth,
+    begin_wake,
+    end_wake,
+    give_up_wake,
+    mark_paused,
+    may_pause,
+    unmark_paused,
+)
 
 _log = logging.getLogger("spacepool")
 _STAGE_TTL_S = 5.0
@@ -179,13 +187,22 @@ class Waker:
 
     # -- idle pause ---------------------------------------------------------------------------
     async def maybe_pause(
-        self, spec: SpaceSpec, busy: bool, close_idle: Callable[[], None]
+        self,
+        spec: SpaceSpec,
+        is_busy: Callable[[], Awaitable[bool]],
+        close_idle: Callable[[], None],
     ) -> bool:
-        """Pause ``spec`` if it qualifies and we win the claim; True if we paused it."""
+        """Pause ``spec`` if it qualifies and we win the claim; True if we paused it.
+
+        ``is_busy`` (leases or waiters anywhere) is asked before the claim and again
+        after it: work admitted in between makes us take the claim back.
+        """
         name, p = spec.name, self.policy
-        if not p.pauses(name) or busy:
+        if not p.pauses(name):
             return False
         if not may_pause(self.board.get(name), self.board.now(), p.idle_pause_s, p.min_uptime_s):
+            return False
+        if await is_busy():
             return False
         won: list[bool] = []
 
@@ -196,6 +213,9 @@ class Waker:
 
         await self.board.update(name, claim)
         if not (won and won[0]):
+            return False
+        if await is_busy():  # admitted while we claimed: not idle after all
+            await self.board.update(name, lambda h, _now: unmark_paused(h))
             return False
         close_idle()  # deregistered in the record first; now drop our connections
         try:
