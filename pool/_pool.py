@@ -282,12 +282,14 @@ class Pool:
         queue_timeout_s: float | None = None,
         ticket: WaitTicket | None = None,
         avoid: Sequence[str] = (),
+        wake_limit_s: float | None = None,
     ) -> AsyncIterator[PooledClient]:
         """Admission, then an exclusive connection; everything released on exit.
 
         One attempt on one Space: ``predict`` on the handle is not retried (use
         :meth:`predict` for retries and failover). ``avoid`` names Spaces to route
-        around when another one can serve (a retry after a failure there).
+        around when another one can serve (a retry after a failure there);
+        ``wake_limit_s`` bounds a wait for a sleeping Space (the request's deadline).
         """
         await self.start()
         if space is not None and space not in self.spaces:
@@ -295,7 +297,10 @@ class Pool:
         user = self.hash_user(email)
         timeout = self.settings.queue_timeout_s if queue_timeout_s is None else queue_timeout_s
         deadline = self._clock() + timeout
-        lease, sp, conn = await self._admit_and_checkout(user, space, deadline, ticket, avoid)
+        wake_by = None if wake_limit_s is None else self._clock() + wake_limit_s
+        lease, sp, conn = await self._admit_and_checkout(
+            user, space, deadline, ticket, avoid, wake_by
+        )
         started = self._clock()
         outcome = "ok"
         guard = self.settings.secret_guard == "on" or (
@@ -366,6 +371,7 @@ class Pool:
                     else min(queue_timeout, remaining),
                     ticket=ticket,
                     avoid=failed,
+                    wake_limit_s=remaining,
                 ) as handle:
                     served = handle.space
                     admitted = self._clock()
@@ -405,6 +411,7 @@ class Pool:
         deadline: float,
         ticket: WaitTicket | None,
         avoid: Sequence[str],
+        wake_by: float | None,
     ) -> tuple[Lease, SpacePool, Any]:
         tried: list[str] = []
         last_error: PoolError | None = None
@@ -412,7 +419,7 @@ class Pool:
             name, probing = await self._pick(user, space, tried, last_error, avoid)
             sp = self.spaces[name]
             try:
-                lease, conn = await self._admit_one(sp, user, deadline, ticket)
+                lease, conn = await self._admit_one(sp, user, deadline, ticket, wake_by)
             except UpstreamTransportError as exc:
                 if exc.kind in _WAKE_KINDS:
                     self._space_failed(sp, exc, count=False)
@@ -433,7 +440,12 @@ class Pool:
             return lease, sp, conn
 
     async def _admit_one(
-        self, sp: SpacePool, user: str | None, deadline: float, ticket: WaitTicket | None
+        self,
+        sp: SpacePool,
+        user: str | None,
+        deadline: float,
+        ticket: WaitTicket | None,
+        wake_by: float | None,
     ) -> tuple[Lease, Any]:
         """Wake ``sp`` if it sleeps, admit, check out; UpstreamTransportError: fail over."""
         name = sp.name
@@ -442,6 +454,7 @@ class Pool:
             connected=sp.total > 0 and sp.is_up(),
             probe=functools.partial(self._answers, sp),
             ticket=ticket,
+            give_up_at=wake_by,
         )
         resources = [GLOBAL_RESOURCE, SPACE_PREFIX + name]
         if user is not None:

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import httpx
 
 from .._events import Hook, PoolEvent, emit
-from .._exceptions import UpstreamTransportError
+from .._exceptions import DeadlineExceeded, UpstreamTransportError
 from .._spaces import SpaceSpec
 from ..admission import WaitTicket
 from ._board import HealthBoard
@@ -111,8 +111,13 @@ class Waker:
         connected: bool,
         probe: Callable[[], Awaitable[bool]],
         ticket: WaitTicket | None,
+        give_up_at: float | None = None,
     ) -> None:
-        """Return when ``spec`` can take the request; raise to fail it over."""
+        """Return when ``spec`` can take the request; raise to fail it over.
+
+        ``give_up_at`` (this pool's clock) is the request's own deadline: waiting past
+        it raises :class:`DeadlineExceeded` (the wake itself goes on for others).
+        """
         name = spec.name
         health = self.board.get(name)
         now = self.board.now()
@@ -129,13 +134,14 @@ class Waker:
                 )
             if stage not in WAKING_STAGES:
                 return
-        await self._wait_awake(spec, probe, ticket)
+        await self._wait_awake(spec, probe, ticket, give_up_at)
 
     async def _wait_awake(
         self,
         spec: SpaceSpec,
         probe: Callable[[], Awaitable[bool]],
         ticket: WaitTicket | None,
+        give_up_at: float | None,
     ) -> None:
         name = spec.name
         deadline_s = self.policy.deadline_s
@@ -167,7 +173,14 @@ class Waker:
                     emit(self._hooks, PoolEvent("wake", name, "awake", self._clock() - started))
                     self._stages[name] = (RUNNING, self._clock())
                     return
-                await asyncio.sleep(self.policy.poll_s)
+                if give_up_at is not None and self._clock() >= give_up_at:
+                    raise DeadlineExceeded(
+                        f"the deadline passed while {name} was waking up"
+                    )
+                pause = self.policy.poll_s
+                if give_up_at is not None:
+                    pause = min(pause, max(0.0, give_up_at - self._clock()))
+                await asyncio.sleep(pause)
                 health = self.board.get(name)
                 if health.wake_until == 0.0:
                     # Another process saw it wake up (end_wake clears the deadline): it

@@ -11,6 +11,7 @@ import pytest
 
 from devspaces import SpaceFleet, SpaceProcess, free_port
 from pool import (
+    DeadlineExceeded,
     NoHealthySpaceError,
     Pool,
     PoolEvent,
@@ -238,6 +239,32 @@ async def test_space_that_does_not_wake_in_time_fails_over(clean_fleet: SpaceFle
         stats = await pool.stats()
         assert stats["pools"]["sleepy"]["up"] is False
         assert stats["pools"]["sleepy"]["lastError"] == "wake_timeout"
+    finally:
+        await pool.aclose()
+
+
+async def test_request_deadline_bounds_the_wait_for_a_waking_space(
+    clean_fleet: SpaceFleet,
+) -> None:
+    """A request whose own deadline (3 s) is shorter than the wake deadline (60 s) gets
+    DeadlineExceeded near 3 s, holding no slot; the Space stays waking for others."""
+    entry, _port = _sleeping_space("sleepy")
+    control = FakeSpaceControl({"sleepy": "SLEEPING"})
+    settings = PoolSettings(
+        spaces=f"{entry},{clean_fleet.pool_spaces_env()}",
+        coordinator_url="memory://",
+        wake_timeout_s=60,
+        wake_poll_s=1.0,
+    )
+    pool = Pool(settings, space_control=control)
+    try:
+        began = time.monotonic()
+        with pytest.raises(DeadlineExceeded):
+            await pool.predict("/echo", "hi", 0, space="sleepy", timeout=3)
+        assert 3 <= time.monotonic() - began < 4.5
+        stats = await pool.stats()
+        assert stats["admission"]["globalInUse"] == 0
+        assert stats["pools"]["sleepy"]["wake"]["state"] == "waking"
     finally:
         await pool.aclose()
 
