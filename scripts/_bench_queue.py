@@ -19,6 +19,7 @@ import statistics
 import tempfile
 import time
 import uuid
+from collections.abc import Callable
 
 from _bench_stats import Result, Summary, ratios
 from _bench_stores import _drop_prefixes, redis_url
@@ -33,11 +34,27 @@ def _resources(i: int) -> list[str]:
     return [GLOBAL_RESOURCE, f"space:s{i % 3}", f"consumer:u{i}"]
 
 
-async def _queued(coord: Coordinator, i: int) -> asyncio.Task[Lease]:
+def _arrive(coord: Coordinator, i: int) -> tuple[asyncio.Task[Lease], WaitTicket]:
     ticket = WaitTicket()
-    task = asyncio.create_task(coord.acquire(_resources(i), timeout=600, ticket=ticket))
-    while not (task.done() or ticket.position > 0):
+    return asyncio.create_task(coord.acquire(_resources(i), timeout=600, ticket=ticket)), ticket
+
+
+async def _until(check: Callable[[], bool]) -> None:
+    """Wait for ``check()``: bare yields for about a round trip (timer sleeps would add
+    the loop's 1 ms timer resolution to every step), then short sleeps. One waiter at
+    a time: 500 tasks busy-yielding at once starved the SQLite store's worker thread
+    of the GIL (its heartbeat stalled past the lease TTL in one full run)."""
+    for _ in range(2000):
+        if check():
+            return
         await asyncio.sleep(0)
+    while not check():
+        await asyncio.sleep(0.0002)
+
+
+async def _queued(coord: Coordinator, i: int) -> asyncio.Task[Lease]:
+    task, ticket = _arrive(coord, i)
+    await _until(lambda: task.done() or ticket.position > 0)
     return task
 
 
@@ -49,7 +66,9 @@ async def measure(url: str, waiters: int, steps: int) -> tuple[float, float]:
         await coord.set_limits({GLOBAL_RESOURCE: CAP, "space:": 50, "consumer:": 2})
         held = [await coord.acquire(_resources(i), timeout=60) for i in range(CAP)]
         started = time.perf_counter()
-        tasks = list(await asyncio.gather(*(_queued(coord, CAP + i) for i in range(waiters))))
+        arrived = [_arrive(coord, CAP + i) for i in range(waiters)]
+        tasks = [task for task, _ in arrived]
+        await _until(lambda: all(t.done() or ticket.position > 0 for t, ticket in arrived))
         arrivals = time.perf_counter() - started
         seq = CAP + waiters
         costs: list[float] = []
@@ -59,8 +78,8 @@ async def measure(url: str, waiters: int, steps: int) -> tuple[float, float]:
             tasks.append(await _queued(coord, seq))
             costs.append(time.perf_counter() - t)
             seq += 1
-            while not any(task.done() for task in tasks):  # the hand-off reached its task
-                await asyncio.sleep(0)
+            # the hand-off reaches its task (not timed)
+            await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
             for task in [task for task in tasks if task.done()]:
                 tasks.remove(task)
                 held.append(task.result())
