@@ -81,12 +81,9 @@ from .resilience import (
 )
 
 _log = logging.getLogger("spacepool")
-# Failures that mean the Space itself is unreachable: route around it.
-# ... and those that mean it is asleep, paused or broken on the Hub (not a provider failure).
+# Failures that mean the Space is asleep, paused or broken on the Hub: fail over, but
+# they are not provider failures (they say nothing about its capacity).
 _WAKE_KINDS = frozenset({"wake_timeout", "paused", "space_error"})
-_SPACE_DOWN_KINDS = (
-    frozenset({"connect", "dropped", "invalid_state", "not_found", "timeout"}) | _WAKE_KINDS
-)
 _SPACE_COOLDOWN_S = 30.0
 
 
@@ -201,7 +198,8 @@ class Pool:
             )
             self._board = HealthBoard(
                 self._coordinator,
-                dict.fromkeys(self.spaces, self._health_params),
+                list(self.spaces),
+                self._health_params,
                 self.hooks,
                 wall=self._wall,
             )
@@ -472,14 +470,7 @@ class Pool:
         emit(self.hooks, PoolEvent("admitted", name, None, waited))
         try:
             conn = await sp.checkout()
-        except PoolError as exc:
-            await self._release(lease)
-            if isinstance(exc, UpstreamTransportError):
-                raise
-            if exc.kind in _SPACE_DOWN_KINDS:
-                raise UpstreamTransportError(str(exc), kind=exc.kind) from exc
-            raise
-        except BaseException:
+        except BaseException:  # an UpstreamTransportError (could not connect) fails over
             await self._release(lease)
             raise
         return lease, conn

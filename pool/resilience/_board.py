@@ -32,7 +32,8 @@ class HealthBoard:
     def __init__(
         self,
         coordinator: Coordinator,
-        params: dict[str, HealthParams],
+        names: list[str],
+        params: HealthParams,
         hooks: list[Hook],
         *,
         wall: Callable[[], float] = time.time,
@@ -42,7 +43,7 @@ class HealthBoard:
         self._hooks = hooks
         self._wall = wall
         now = wall()
-        self._cache = {name: SpaceHealth.loads(None, p, now) for name, p in params.items()}
+        self._cache = {name: SpaceHealth.loads(None, params, now) for name in names}
         self._applied: dict[str, int] = {}
 
     # -- reads (local, no I/O) ------------------------------------------------------------
@@ -57,7 +58,7 @@ class HealthBoard:
         self, name: str, change: Callable[[SpaceHealth, float], SpaceHealth | None]
     ) -> SpaceHealth:
         """Apply ``change`` atomically to the stored record; returns the record after."""
-        params = self.params[name]
+        params = self.params
         before: list[SpaceHealth] = []
 
         def step(raw: str | None) -> str | None:
@@ -76,13 +77,13 @@ class HealthBoard:
         return after
 
     async def record(self, name: str, outcome: Outcome) -> SpaceHealth:
-        params = self.params[name]
+        params = self.params
         return await self.update(name, lambda h, now: record(h, outcome, now, params))
 
     async def take_probe(self, name: str) -> bool:
         """Become the half-open probe of ``name``; False if someone else is (or no probe
         is due)."""
-        params = self.params[name]
+        params = self.params
         got: list[bool] = []
 
         def change(h: SpaceHealth, now: float) -> SpaceHealth | None:
@@ -95,18 +96,18 @@ class HealthBoard:
 
     async def start(self) -> None:
         """Create missing records and make every Space's limit its window."""
-        for name in self.params:
+        for name in self._cache:
             await self.update(name, lambda h, _now: h)
 
     async def refresh(self) -> None:
         """Read every record (other processes' changes) and re-apply the windows."""
         stored = await self._coordinator.values(KEY_PREFIX)
         now = self._wall()
-        for name, params in self.params.items():
+        for name in self._cache:
             raw = stored.get(KEY_PREFIX + name)
             if raw is not None:
                 # Not announced: the process that made the change reports it.
-                self._cache[name] = SpaceHealth.loads(raw, params, now)
+                self._cache[name] = SpaceHealth.loads(raw, self.params, now)
         limits = {SPACE_PREFIX + n: h.window for n, h in self._cache.items()}
         await self._coordinator.set_limits(limits)
         self._applied = {n: h.window for n, h in self._cache.items()}
