@@ -1,7 +1,7 @@
 """``python -m devspaces serve ...`` runs one stand-in Space; ``fleet`` runs several.
 
 python -m devspaces serve --name alpha --port 7861 [--config-delay S]
-                          [--max-size M] [--concurrency C]
+                          [--max-size M] [--concurrency C] [--kind K]
 python -m devspaces fleet --count 2     # prints POOL_SPACES, serves until Ctrl-C
 """
 
@@ -31,6 +31,7 @@ def _serve(args: argparse.Namespace) -> int:
         config_delay_s=args.config_delay,
         concurrency_limit=args.concurrency,
         max_size=args.max_size,
+        kind=args.kind,
     )
     uvicorn.run(
         app,
@@ -55,6 +56,7 @@ def _fleet(args: argparse.Namespace) -> int:
         config_delay_s=args.config_delay,
         concurrency_limit=args.concurrency,
         max_size=args.max_size,
+        kind=args.kind,
     ) as fleet:
         print(fleet.pool_spaces_env(), flush=True)
         while not stop.wait(0.5):
@@ -73,6 +75,7 @@ def _parser() -> argparse.ArgumentParser:
         sub.add_argument("--config-delay", type=float, default=0.0, metavar="S")
         sub.add_argument("--concurrency", type=int, default=64, metavar="C")
         sub.add_argument("--max-size", type=int, default=None, metavar="M")
+        sub.add_argument("--kind", default="echo", help="stand-in app: echo (text), ...")
 
     serve = commands.add_parser("serve", help="run one stand-in Space")
     serve.add_argument("--name", required=True)

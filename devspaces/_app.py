@@ -26,6 +26,7 @@ right if a function is ever made synchronous.
 from __future__ import annotations
 
 import asyncio
+import importlib
 import threading
 import time
 from collections.abc import Awaitable, Callable, MutableMapping
@@ -156,7 +157,25 @@ class _Misbehave:
         await self.app(scope, receive, send)
 
 
-def _blocks(meter: _Meter, concurrency_limit: int, max_size: int | None) -> gr.Blocks:
+# Kinds of stand-in Space: kind -> "module:function", the function building the Blocks
+# from (meter, concurrency_limit, max_size). Imported lazily, so a kind's own module may
+# import this one (for _Meter). "echo" is the text stand-in every older test uses.
+KINDS: dict[str, str] = {
+    "echo": "devspaces._app:echo_blocks",
+}
+
+
+def _kind_builder(kind: str) -> Callable[[_Meter, int, int | None], gr.Blocks]:
+    if kind not in KINDS:
+        raise ValueError(f"unknown stand-in kind {kind!r}; known: {', '.join(sorted(KINDS))}")
+    module, _, function = KINDS[kind].partition(":")
+    built: Callable[[_Meter, int, int | None], gr.Blocks] = getattr(
+        importlib.import_module(module), function
+    )
+    return built
+
+
+def echo_blocks(meter: _Meter, concurrency_limit: int, max_size: int | None) -> gr.Blocks:
     name = meter.name
 
     async def echo(text: str, delay_s: float) -> str:
@@ -198,12 +217,13 @@ def build_space(
     config_delay_s: float = 0.0,
     concurrency_limit: int = 64,
     max_size: int | None = None,
+    kind: str = "echo",
 ) -> fastapi.FastAPI:
     """Build the ASGI app of one stand-in Space called ``name`` (serve it with uvicorn)."""
     app = fastapi.FastAPI(title=f"stand-in Space {name}")
     # Placeholder app_id until the Blocks exists; replaced just below.
     meter = _Meter(name=name, app_id=0, config_delay_s=config_delay_s)
-    demo = _blocks(meter, concurrency_limit, max_size)
+    demo = _kind_builder(kind)(meter, concurrency_limit, max_size)
     meter.app_id = int(demo.app_id)
 
     @app.get("/_stand_in/stats")

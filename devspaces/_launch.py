@@ -166,8 +166,10 @@ class SpaceProcess:
         max_size: int | None = None,
         startup_timeout_s: float = 60.0,
         wait: bool = True,
+        kind: str = "echo",
     ) -> None:
         self.name = name
+        self.kind = kind
         self.port = port if port is not None else free_port()
         self.config_delay_s = config_delay_s
         self.concurrency_limit = concurrency_limit
@@ -200,6 +202,7 @@ class SpaceProcess:
             "--port", str(self.port),
             "--config-delay", repr(self.config_delay_s),
             "--concurrency", str(self.concurrency_limit),
+            "--kind", self.kind,
         ]  # fmt: skip
         if self.max_size is not None:
             cmd += ["--max-size", str(self.max_size)]
@@ -350,6 +353,7 @@ class SpaceFleet:
         concurrency_limit: int = 64,
         max_size: int | None = None,
         startup_timeout_s: float = 60.0,
+        kind: str = "echo",
     ) -> None:
         if names is None and count > len(DEFAULT_NAMES):
             raise ValueError(f"at most {len(DEFAULT_NAMES)} default names; pass names=")
@@ -367,6 +371,7 @@ class SpaceFleet:
                         max_size=max_size,
                         startup_timeout_s=startup_timeout_s,
                         wait=False,
+                        kind=kind,
                     )
                 )
             for space in self.spaces:
