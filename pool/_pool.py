@@ -287,7 +287,8 @@ class Pool:
         One attempt on one Space: ``predict`` on the handle is not retried (use
         :meth:`predict` for retries and failover). ``avoid`` names Spaces to route
         around when another one can serve (a retry after a failure there);
-        ``wake_limit_s`` bounds a wait for a sleeping Space (the request's deadline).
+        ``wake_limit_s`` is the request's deadline: it bounds a wait for a sleeping Space
+        and the checkout (connecting included).
         """
         await self.start()
         if space is not None and space not in self.spaces:
@@ -469,11 +470,25 @@ class Pool:
         self._waits.append(waited)
         emit(self.hooks, PoolEvent("admitted", name, None, waited))
         try:
-            conn = await sp.checkout()
+            conn = await self._checkout_by(sp, wake_by)
         except BaseException:  # an UpstreamTransportError (could not connect) fails over
             await self._release(lease)
             raise
         return lease, conn
+
+    async def _checkout_by(self, sp: SpacePool, deadline: float | None) -> Any:
+        """``sp.checkout()`` within the request's deadline (a cold Space whose ``/config``
+        hangs must not hold the slots past it); the connection being opened carries on
+        in the background and serves the next request."""
+        if deadline is None:
+            return await sp.checkout()
+        try:
+            async with asyncio.timeout(max(0.0, deadline - self._clock())):
+                return await sp.checkout()
+        except TimeoutError:
+            raise DeadlineExceeded(
+                f"the deadline passed while connecting to Space {sp.name!r}"
+            ) from None
 
     def _space_failed(self, sp: SpacePool, exc: PoolError, *, count: bool) -> None:
         """Route around ``sp`` for a cool-down (unless it is booting) and say so."""

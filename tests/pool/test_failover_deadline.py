@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from devspaces import SpaceFleet, free_port
+from devspaces import SpaceFleet, SpaceProcess, free_port
 from pool import DeadlineExceeded, NoHealthySpaceError, Pool, PoolSettings
 from tests.pool.test_core import wait_until
 
@@ -95,3 +95,24 @@ async def test_cancelled_caller_cancels_upstream_and_frees_slot(clean_fleet: Spa
     finally:
         alpha.control(mode="ok")
         await pool.aclose()
+
+
+async def test_deadline_bounds_connecting_to_a_space_whose_config_hangs() -> None:
+    """A Space whose /config never answers, timeout=3: DeadlineExceeded by 3.5 s, slots free."""
+    with SpaceProcess("cold", config_delay_s=600.0) as cold:
+        pool = _pool(f"cold={cold.url}", connect_attempts=1, min_connections=1)
+        try:
+            await pool.start()
+            started = time.monotonic()
+            with pytest.raises(DeadlineExceeded, match="connecting"):
+                await pool.predict("/echo", "x", 0, email="u@example.com", timeout=3.0)
+            elapsed = time.monotonic() - started
+            assert 2.9 <= elapsed < 3.5, elapsed
+            assert cold.stats().config_requests >= 1, "the Space was asked for its /config"
+            snap = await pool.coordinator.snapshot()
+            assert sum(snap.held.values()) == 0 and snap.waiting == 0, snap
+            stats = await pool.stats()
+            assert stats["inUseConnections"] == 0 and stats["admission"]["globalInUse"] == 0
+        finally:
+            cold.stop()  # ends the /config read the background open is still blocked in
+            await pool.aclose()
