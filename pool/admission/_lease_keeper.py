@@ -555,6 +555,7 @@ class SharedCoordinator:
         delay = period
         while True:
             await asyncio.sleep(delay)
+            started = time.monotonic()
             try:
                 await self._heartbeat(timeout=period)
             except (StoreUnavailable, TimeoutError) as exc:
@@ -563,13 +564,15 @@ class SharedCoordinator:
                 delay = retry  # again soon: the leases' local expiry is coming
             else:
                 self._set_reachable(True)
-                delay = period
+                # A fixed rate, however long the renewal took (a loaded loop).
+                delay = max(0.0, started + period - time.monotonic())
 
     async def _heartbeat(self, *, timeout: float) -> None:
         """Renew every live lease and waiter, then retry the orphans' withdrawals.
 
-        A renewal is waited for at most until the first local expiry: an answer after
-        it would come too late to save that lease, and the retry must have its turn.
+        A renewal is waited for until the first local expiry (at least ``timeout``):
+        an answer after it comes too late for that lease, and a retry must have its
+        turn. The stores' own timeouts (socket, busy) are shorter still.
         """
         now = time.monotonic()
         for lease in list(self._leases.values()):
@@ -580,7 +583,7 @@ class SharedCoordinator:
         if ids:
             sent = time.monotonic()
             first = min((self._leases[k].expires_at for k in leases), default=sent + timeout)
-            async with asyncio.timeout(max(0.1, min(timeout, first - sent))):
+            async with asyncio.timeout(max(timeout, first - sent)):
                 missing = await self._backend.renew(ids)
             self._renewed(ids, missing, sent)
         for key in list(self._orphans):

@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from tests.admission.conftest import open_store, shared_url  # noqa: F401  (fixtures)
 from tests.chaos._infra import private_redis  # noqa: F401  (a fixture)
 
 ROOT = Path(__file__).resolve().parents[2]
