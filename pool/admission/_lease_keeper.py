@@ -558,7 +558,7 @@ class SharedCoordinator:
             started = time.monotonic()
             try:
                 await self._heartbeat(timeout=period)
-            except (StoreUnavailable, TimeoutError) as exc:
+            except StoreUnavailable as exc:
                 self._set_reachable(False, exc)
                 self._expire_waiters()
                 delay = retry  # again soon: the leases' local expiry is coming
@@ -583,8 +583,11 @@ class SharedCoordinator:
         if ids:
             sent = time.monotonic()
             first = min((self._leases[k].expires_at for k in leases), default=sent + timeout)
-            async with asyncio.timeout(max(timeout, first - sent)):
-                missing = await self._backend.renew(ids)
+            try:
+                async with asyncio.timeout(max(timeout, first - sent)):
+                    missing = await self._backend.renew(ids)
+            except TimeoutError:
+                raise StoreUnavailable("lease renewal timed out") from None
             self._renewed(ids, missing, sent)
         for key in list(self._orphans):
             out = await self._backend.withdraw(key, keep=False)
