@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from pool import BusyError, LeaseLost
+from devspaces import SpaceFleet
+from pool import BusyError, LeaseLost, Pool, PoolEvent, PoolSettings
 from pool.admission import GLOBAL_RESOURCE
 from tests.admission.conftest import Opener, drop_prefix, make_url
 from tests.admission.helpers import queue, until
@@ -112,3 +113,26 @@ async def test_sqlite_file_deleted_or_replaced_keeps_the_cap(
     lease.check()
     await holder.release(lease)
     await other.release(await waiter)
+
+
+async def test_handle_of_a_lost_lease_refuses_new_work(
+    clean_fleet: SpaceFleet, tmp_path: Path
+) -> None:
+    """A stall past the local expiry inside ``client()``: the next submit raises
+    LeaseLost, nothing reaches the Space, and the pool emits one lease_lost event."""
+    pool = Pool(PoolSettings(spaces=clean_fleet.pool_spaces_env(), lease_ttl_s=TTL_S,
+                             coordinator_url=f"sqlite:///{tmp_path}/pool.db"))  # fmt: skip
+    events: list[PoolEvent] = []
+    pool.hooks.append(events.append)
+    try:
+        with pytest.raises(LeaseLost):
+            async with pool.client() as client:
+                assert await client.predict("before", 0, api_name="/echo")
+                time.sleep(TTL_S)  # noqa: ASYNC251  (the stall under test)
+                await client.predict("after", 0, api_name="/echo")
+    finally:
+        await pool.aclose()
+    assert sum(space.stats().total for space in clean_fleet) == 1
+    assert [(e.kind, e.outcome) for e in events if e.kind == "lease_lost"] == [
+        ("lease_lost", "expired")
+    ]
