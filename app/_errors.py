@@ -107,6 +107,8 @@ def describe(exc: BaseException) -> Problem:
         if isinstance(exc, LeaseLost):  # a busy answer too: the fleet's slot is gone
             body["message"] = "the admission lease ended while the request ran; retry later"
             body["lease"] = exc.why
+        elif exc.reason == "coordinator_unavailable":
+            body["message"] = "the admission store is unreachable; nothing is admitted"
         return Problem(503, body, "busy", {"Retry-After": str(retry)})
     if isinstance(exc, NoHealthySpaceError):
         retry = _retry_after(exc.retry_after_s)

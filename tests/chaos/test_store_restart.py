@@ -48,7 +48,9 @@ async def test_redis_restarted_empty_mid_run_keeps_the_cap(
         records += json.loads(out.strip().splitlines()[-1])
     took = time.monotonic() - began
     outcomes = sorted(str(r.get("error", "ok")) for r in records)
-    after = [s for s, _ in (i for sp in clean_fleet for i in sp.intervals()) if s > restarted_at]
+    starts = [s for sp in clean_fleet for s, _ in sp.intervals()]
+    # Calls admitted just before the kill may begin at the Space a moment after it.
+    after = [s for s in starts if s > restarted_at + 1.0]
     print(f"outcomes {dict((o, outcomes.count(o)) for o in set(outcomes))}; "
           f"peak {clean_fleet.concurrent_peak()}; {len(after)} calls began after the "
           f"restart; done {took:.1f} s after it")  # fmt: skip
@@ -57,3 +59,4 @@ async def test_redis_restarted_empty_mid_run_keeps_the_cap(
     assert clean_fleet.concurrent_peak() <= 3
     assert after, "nothing was served after the restart"
     assert min(after) - restarted_at >= LEASE_TTL_S * 0.9, "granted during the quarantine"
+    assert max(starts) > restarted_at + LEASE_TTL_S
