@@ -8,6 +8,7 @@ gets the live leases back before it grants anything, or the holder fences itself
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import shutil
 import time
@@ -19,7 +20,9 @@ from devspaces import SpaceFleet
 from pool import BusyError, LeaseLost, Pool, PoolEvent, PoolSettings
 from pool.admission import GLOBAL_RESOURCE
 from tests.admission.conftest import Opener, drop_prefix, make_url
-from tests.admission.helpers import queue, until
+from tests.admission.helpers import queue, until, until_async
+
+from ._infra import PrivateRedis
 
 TTL_S = 1.0
 
@@ -136,3 +139,34 @@ async def test_handle_of_a_lost_lease_refuses_new_work(
     assert [(e.kind, e.outcome) for e in events if e.kind == "lease_lost"] == [
         ("lease_lost", "expired")
     ]
+
+
+async def test_redis_restarted_empty_requeues_waiters_in_order(
+    private_redis: PrivateRedis, open_store: Opener
+) -> None:
+    """Redis restarted empty: the holder re-registers its lease and the waiters are
+    re-queued in their order; nobody is admitted until the holder releases."""
+    url = f"{private_redis.url}?prefix=requeue:"
+    holder, other = open_store(url, lease_ttl_s=TTL_S), open_store(url, lease_ttl_s=TTL_S)
+    await holder.set_limits({GLOBAL_RESOURCE: 1})
+    lease = await holder.acquire([GLOBAL_RESOURCE], timeout=3)  # after the young-server wait
+    first, _ = await queue(other, [GLOBAL_RESOURCE], timeout=10)
+    second, _ = await queue(other, [GLOBAL_RESOURCE], timeout=10)
+    private_redis.kill()
+    private_redis.start()  # empty
+
+    async def restored() -> bool:
+        with contextlib.suppress(BusyError):
+            snap = await other.snapshot()
+            return snap.held == {GLOBAL_RESOURCE: 1} and snap.waiting == 2
+        return False
+
+    await until_async(restored, timeout=5, what="the lease and both waiters re-registered")
+    done, _ = await asyncio.wait({first, second}, timeout=2 * TTL_S)  # past the quarantine
+    assert not done, "admitted while the re-registered lease was still held"
+    lease.check()
+    await holder.release(lease)
+    granted = await asyncio.wait_for(first, 3)
+    assert not second.done()
+    await other.release(granted)
+    await other.release(await asyncio.wait_for(second, 3))
