@@ -28,6 +28,7 @@ from pool import (
     BusyError,
     DeadlineExceeded,
     InvalidRequest,
+    LeaseLost,
     NoHealthySpaceError,
     PoolClosedError,
     PoolError,
@@ -103,6 +104,11 @@ def describe(exc: BaseException) -> Problem:
             "retry_after_s": retry,
             "message": "no capacity within the queue deadline; retry later",
         }
+        if isinstance(exc, LeaseLost):  # a busy answer too: the fleet's slot is gone
+            body["message"] = "the admission lease ended while the request ran; retry later"
+            body["lease"] = exc.why
+        elif exc.reason == "coordinator_unavailable":
+            body["message"] = "the admission store is unreachable; nothing is admitted"
         return Problem(503, body, "busy", {"Retry-After": str(retry)})
     if isinstance(exc, NoHealthySpaceError):
         retry = _retry_after(exc.retry_after_s)

@@ -125,6 +125,12 @@ PAUSES = Counter(
     ["space", "result"],
     registry=REGISTRY,
 )
+LEASE_LOSSES = Counter(
+    "spacepool_lease_losses",
+    "Running requests fenced because their lease was lost: expired, missing, not_restored",
+    ["space", "why"],
+    registry=REGISTRY,
+)
 HTTP_REQUESTS = Counter(
     "spacepool_http_requests",
     "HTTP requests by method, route template and status",
@@ -177,6 +183,7 @@ _LABELLED = {
     "policy": POLICY_REFUSALS,
     "wake": WAKES,
     "pause": PAUSES,
+    "lease_lost": LEASE_LOSSES,
 }
 
 

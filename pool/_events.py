@@ -26,6 +26,7 @@ EventKind = Literal[
     "policy",  # refused before sending; outcome = the reason code
     "wake",  # outcome = "started" | "awake" | "timeout"; seconds = time spent waking
     "pause",  # the pool paused an idle Space (outcome = "paused") or failed to ("failed")
+    "lease_lost",  # a running request's lease was lost and its work fenced; outcome = why
 ]
 
 

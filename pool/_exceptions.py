@@ -6,8 +6,11 @@ gradio_client, httpx and huggingface_hub are mapped to it at the boundary
 
     PoolError
     ├── BusyError                 no admission within the queue deadline (or the
-    │                             coordinator is unreachable): carries queue_position
-    │                             and retry_after_s; the caller should come back later
+    │   │                         coordinator is unreachable): carries queue_position
+    │   │                         and retry_after_s; the caller should come back later
+    │   └── LeaseLost             the admission lease of a running request ended (not
+    │                             renewed before its local expiry, or gone from the
+    │                             store): the upstream job was cancelled (self-fencing)
     ├── NoHealthySpaceError       every candidate Space failed, is unhealthy, has its
     │                             breaker open, or did not wake up in time
     ├── DeadlineExceeded          the per-request deadline passed; the upstream job
@@ -56,6 +59,24 @@ class BusyError(PoolError):
         self.queue_position = queue_position
         self.retry_after_s = retry_after_s
         self.reason = reason
+
+
+class LeaseLost(BusyError):
+    """The request's lease ended while it ran; its upstream job was cancelled.
+
+    ``why`` says how: ``expired`` (not renewed before its local expiry: a stall, a
+    partition or an outage of the store), ``missing`` (the store no longer had it) or
+    ``not_restored`` (a restarted store had given its slot away). Nothing runs under
+    a lost lease any more; retry after ``retry_after_s``.
+    """
+
+    kind = "lease_lost"
+
+    def __init__(self, message: str, *, why: str, retry_after_s: float) -> None:
+        super().__init__(
+            message, queue_position=0, retry_after_s=retry_after_s, reason="lease_lost"
+        )
+        self.why = why
 
 
 class NoHealthySpaceError(PoolError):

@@ -4,6 +4,13 @@ gradio_client is synchronous; its jobs already run in the Client's own threads, 
 job's ``concurrent.futures.Future`` is awaited with ``asyncio.wrap_future`` and the
 event loop is never blocked. The handle is detached when the lease ends (asyncpg):
 using it afterwards raises :class:`~pool.MisuseError`.
+
+Fencing: a handle knows the admission lease it runs under. When the lease is lost
+(:meth:`~pool.admission.Lease.fence`: not renewed before its local expiry, or gone
+from the store) the pool calls :meth:`PooledClient._fence`: every running job is
+cancelled upstream, every ``await job`` raises :class:`~pool.LeaseLost` at once,
+and ``submit`` refuses new work. Each await also checks the lease's local expiry
+itself when it wakes, so a process resuming from a freeze stops before it goes on.
 """
 
 from __future__ import annotations
@@ -18,8 +25,15 @@ from typing import Any
 
 from ._connection import Connection
 from ._errors import Classified, classify
-from ._exceptions import DeadlineExceeded, InvalidRequest, MisuseError, UnknownEndpoint
+from ._exceptions import (
+    DeadlineExceeded,
+    InvalidRequest,
+    LeaseLost,
+    MisuseError,
+    UnknownEndpoint,
+)
 from ._guard import check_outbound
+from .admission import Lease
 from .resilience import Outcome
 
 FailureHook = Callable[[Classified], None]
@@ -51,7 +65,10 @@ class PooledJob:
         started = time.monotonic()
         try:
             async with asyncio.timeout(timeout):
-                result = await asyncio.shield(self._future)
+                result = await self._handle._outcome(self._future)
+        except LeaseLost:
+            self._handle._dirty = True
+            raise
         except TimeoutError:
             self._handle._dirty = True
             await self.cancel()
@@ -123,8 +140,11 @@ class PooledClient:
         executor: Executor,
         *,
         guard: bool = False,
+        lease: Lease | None = None,
     ) -> None:
         self._conn: Connection | None = conn
+        self._lease = lease
+        self._fenced: asyncio.Future[None] | None = None
         self._executor = executor
         self._guard = guard
         self.space = space
@@ -153,6 +173,8 @@ class PooledClient:
     async def submit(self, *args: Any, api_name: str | None = None, **kwargs: Any) -> PooledJob:
         """Start a job on the Space and return it without waiting for the result."""
         conn = self._live()
+        if self._lease is not None:
+            self._lease.check()  # nothing new starts under a lost lease
         reserved = _RESERVED.intersection(kwargs)
         if reserved:
             # gradio_client's own parameters: fn_index would bypass the api_name check.
@@ -177,6 +199,27 @@ class PooledClient:
         """Run one job and return its result; ``timeout`` cancels it upstream."""
         job = await self.submit(*args, api_name=api_name, **kwargs)
         return await job.result(timeout=timeout)
+
+    async def _outcome(self, future: asyncio.Future[Any]) -> Any:
+        """``future``'s result, unless the lease is lost first (or was, on waking)."""
+        lease = self._lease
+        if lease is None:
+            return await asyncio.shield(future)
+        if self._fenced is None:
+            self._fenced = asyncio.get_running_loop().create_future()
+            if lease.lost is not None:
+                self._fenced.set_result(None)
+        await asyncio.wait((future, self._fenced), return_when=asyncio.FIRST_COMPLETED)
+        lease.check()  # a frozen loop wakes up here: past the local expiry, fence first
+        return future.result()
+
+    def _fence(self, error: LeaseLost) -> None:
+        """The lease is lost: cancel every running job upstream, wake every await."""
+        self._dirty = True
+        for job in self._jobs:
+            job._cancel_in_background()
+        if self._fenced is not None and not self._fenced.done():
+            self._fenced.set_result(None)
 
     def _failed(self, classified: Classified) -> None:
         if classified.discard_connection:

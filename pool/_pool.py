@@ -44,6 +44,7 @@ from ._events import Hook, PoolEvent, emit
 from ._exceptions import (
     BusyError,
     DeadlineExceeded,
+    LeaseLost,
     MisuseError,
     NoHealthySpaceError,
     PoolClosedError,
@@ -306,8 +307,10 @@ class Pool:
             self.settings.secret_guard == "auto" and sp.spec.is_hub
         )
         handle = PooledClient(
-            conn, sp.name, lambda c: self._on_failure(sp, c), self._executor, guard=guard
+            conn, sp.name, lambda c: self._on_failure(sp, c), self._executor, guard=guard,
+            lease=lease,
         )
+        lease.on_lost(functools.partial(self._lease_lost, sp.name, handle))
         try:
             yield handle
         except PoolError as exc:
@@ -489,6 +492,11 @@ class Pool:
             raise DeadlineExceeded(
                 f"the deadline passed while connecting to Space {sp.name!r}"
             ) from None
+
+    def _lease_lost(self, space: str, handle: PooledClient, error: LeaseLost) -> None:
+        """Self-fencing: the lease of a running request is lost; stop its work now."""
+        handle._fence(error)
+        emit(self.hooks, PoolEvent("lease_lost", space, error.why))
 
     def _space_failed(self, sp: SpacePool, exc: PoolError, *, count: bool) -> None:
         """Route around ``sp`` for a cool-down (unless it is booting) and say so."""

@@ -18,8 +18,21 @@ for each process is the same for both stores, so it lives here once
   slow for Redis (a safety net behind pub/sub). A poll also lets the store reclaim
   expired entries, so no external janitor is needed.
 * **One heartbeat per process** renews every local lease and waiter entry each
-  ``lease_ttl/3``. A SIGKILLed process stops renewing; anybody's next pass reclaims
-  its slots and queue entries after ``lease_ttl``.
+  ``lease_ttl/3``, and retries a failed renewal every ``min(lease_ttl/9, 0.5 s)``.
+  A SIGKILLed process stops renewing; anybody's next pass reclaims its slots and
+  queue entries after ``lease_ttl``.
+* **Self-fencing.** Each lease knows its *local expiry*: the send time of the last
+  store call that confirmed it (enqueue or renewal: the store's deadline was set
+  after it) + ``lease_ttl`` − a safety margin (:data:`SAFETY_FRACTION` of the TTL,
+  for the clocks' rates and for the time a cancel takes to reach the Space). So the
+  local expiry always comes strictly before the store's. A timer per lease (not the
+  heartbeat task) fences the lease when that moment passes unrenewed, and so does a
+  renewal that finds it missing in the store: :meth:`Lease.fence` runs the holder's
+  callbacks, which cancel the upstream job and make the caller's await raise
+  :class:`~pool.LeaseLost`. A loop frozen past the expiry (SIGSTOP, a long stall)
+  runs the due timer in its first iteration after resuming, and the handle checks
+  the expiry itself before any further step (:meth:`Lease.check`). A fenced lease is
+  never renewed nor re-registered, only released.
 * **Withdraw is the only way out of the queue.** A waiter that times out or is
   cancelled deletes its entry in the same store operation that tells whether it was
   granted meanwhile: a timed-out waiter then keeps the lease, a cancelled one gives
@@ -54,6 +67,8 @@ _log = logging.getLogger("pool.admission")
 T = TypeVar("T")
 
 UNAVAILABLE = "coordinator_unavailable"
+SAFETY_FRACTION = 0.2
+"""The local expiry of a lease comes this fraction of ``lease_ttl`` before the store's."""
 
 
 class StoreUnavailable(Exception):
@@ -88,6 +103,10 @@ class LocalEntries(Protocol):
         self,
     ) -> tuple[list[tuple[str, tuple[str, ...]]], list[tuple[str, tuple[str, ...]]]]:
         """(leases, queued waiters), each as ``(id, resources)``, waiters oldest first."""
+        ...
+
+    def entries_lost(self, ids: Iterable[str]) -> None:
+        """The store could not take these entries back (their slots were given away)."""
         ...
 
 
@@ -149,12 +168,16 @@ class SharedStore(Protocol):
 
 
 class _Waiter:
-    __slots__ = ("enqueued", "future", "resources", "ticket")
+    __slots__ = ("confirmed_at", "enqueued", "future", "resources", "ticket")
 
     def __init__(self, resources: tuple[str, ...], ticket: WaitTicket) -> None:
         self.resources = resources
         self.ticket = ticket
         self.enqueued = False
+        # Send time of the last store call that confirmed the entry (enqueue, renew):
+        # its deadline in the store, and that of the lease it becomes, is later than
+        # this + lease_ttl.
+        self.confirmed_at = time.monotonic()
         self.future: asyncio.Future[Lease] = asyncio.get_running_loop().create_future()
 
 
@@ -168,6 +191,8 @@ class SharedCoordinator:
             raise ValueError("lease_ttl_s must be positive")
         self.store = backend.name
         self.lease_ttl_s = lease_ttl_s
+        self.safety_margin_s = lease_ttl_s * SAFETY_FRACTION
+        self._timers: dict[str, asyncio.TimerHandle] = {}
         self._backend = backend
         self._waiters: dict[str, _Waiter] = {}
         self._leases: dict[str, Lease] = {}
@@ -191,10 +216,12 @@ class SharedCoordinator:
         key = new_id()
         waiter = _Waiter(tuple(resources), ticket or WaitTicket())
         self._waiters[key] = waiter
+        sent = time.monotonic()
         enqueue = self._spawn(self._backend.enqueue(key, waiter.resources))
         try:
             view = await asyncio.shield(enqueue)
             waiter.enqueued = True
+            waiter.confirmed_at = sent
             self._learn(view)
             self._has_waiters.set()
             async with asyncio.timeout_at(deadline):
@@ -223,6 +250,9 @@ class SharedCoordinator:
                 lease.mark_released()  # raises: released twice
             raise MisuseError(f"lease {lease.lease_id} is not held by this coordinator")
         lease.mark_released()
+        timer = self._timers.pop(lease.lease_id, None)
+        if timer is not None:
+            timer.cancel()
         if self._closed:
             return  # aclose already returned it to the store
         held_s = time.monotonic() - lease.granted_at
@@ -288,6 +318,9 @@ class SharedCoordinator:
         if self._closed:
             return
         self._closed = True
+        for timer in self._timers.values():
+            timer.cancel()
+        self._timers.clear()
         for task in self._tasks:
             task.cancel()
         for task in self._tasks:
@@ -313,9 +346,16 @@ class SharedCoordinator:
     def local_entries(
         self,
     ) -> tuple[list[tuple[str, tuple[str, ...]]], list[tuple[str, tuple[str, ...]]]]:
-        leases = [(k, lease.resources) for k, lease in self._leases.items()]
+        leases = [(k, lease.resources) for k, lease in self._leases.items() if not lease.lost]
         waiters = [(k, w.resources) for k, w in self._waiters.items() if w.enqueued]
         return leases, waiters
+
+    def entries_lost(self, ids: Iterable[str]) -> None:
+        for key in ids:
+            lease = self._leases.get(key)
+            if lease is not None:
+                lease.fence("not_restored")
+            self._fail_waiter(key, "queue entry lost when the store was reset")
 
     # -- state machine: no await below -----------------------------------------------------
     def _learn(self, view: StoreView) -> None:
@@ -340,9 +380,50 @@ class SharedCoordinator:
             waiter = self._waiters.pop(key, None)
             if waiter is None or waiter.future.done():
                 continue
-            lease = Lease(key, waiter.resources)
-            self._leases[key] = lease
-            waiter.future.set_result(lease)
+            waiter.future.set_result(self._new_lease(key, waiter))
+
+    def _new_lease(self, key: str, waiter: _Waiter) -> Lease:
+        """The lease a granted waiter becomes, with its local expiry watched."""
+        lease = Lease(key, waiter.resources, expires_at=self._expiry(waiter.confirmed_at))
+        lease.retry_after_s = self._retry_after_s()
+        self._leases[key] = lease
+        self._watch(lease)
+        return lease
+
+    def _expiry(self, confirmed_at: float) -> float:
+        return confirmed_at + self.lease_ttl_s - self.safety_margin_s
+
+    def _retry_after_s(self) -> float:
+        return max(1.0, self.lease_ttl_s / 3)
+
+    def _watch(self, lease: Lease) -> None:
+        """(Re-)arm the timer that fences ``lease`` at its local expiry."""
+        delay = max(0.0, lease.expires_at - time.monotonic())
+        self._timers[lease.lease_id] = asyncio.get_running_loop().call_later(
+            delay, self._expire, lease
+        )
+
+    def _expire(self, lease: Lease) -> None:
+        if lease.released or lease.lost is not None:
+            self._timers.pop(lease.lease_id, None)
+        elif time.monotonic() >= lease.expires_at:
+            self._timers.pop(lease.lease_id, None)
+            lease.fence("expired")
+        else:  # renewed meanwhile
+            self._watch(lease)
+
+    def _fail_waiter(self, key: str, message: str) -> None:
+        waiter = self._waiters.get(key)
+        if waiter is not None and waiter.enqueued and not waiter.future.done():
+            del self._waiters[key]
+            waiter.future.set_exception(
+                BusyError(
+                    message,
+                    queue_position=waiter.ticket.position,
+                    retry_after_s=self._retry_after_s(),
+                    reason=UNAVAILABLE,
+                )
+            )
 
     def _set_reachable(self, reachable: bool, exc: BaseException | None = None) -> None:
         if reachable != self._reachable:
@@ -357,7 +438,7 @@ class SharedCoordinator:
         return BusyError(
             f"admission store unreachable: {exc}",
             queue_position=0,
-            retry_after_s=max(1.0, self.lease_ttl_s / 3),
+            retry_after_s=self._retry_after_s(),
             reason=UNAVAILABLE,
         )
 
@@ -396,9 +477,7 @@ class SharedCoordinator:
             return None, waiter.ticket.position
         self._learn(out.view)
         if out.granted and keep:
-            lease = Lease(key, waiter.resources)
-            self._leases[key] = lease
-            return lease, 0
+            return self._new_lease(key, waiter), 0
         return None, out.position or waiter.ticket.position
 
     def _free_kept(self, task: asyncio.Task[tuple[Lease | None, int]]) -> None:
@@ -471,40 +550,71 @@ class SharedCoordinator:
             self._learn(view)
 
     async def _heartbeat_loop(self) -> None:
-        interval = self.lease_ttl_s / 3
+        period = self.lease_ttl_s / 3
+        retry = min(period / 3, 0.5)
+        delay = period
         while True:
-            await asyncio.sleep(interval)
+            await asyncio.sleep(delay)
+            started = time.monotonic()
             try:
-                await self._heartbeat()
+                await self._heartbeat(timeout=period)
             except StoreUnavailable as exc:
                 self._set_reachable(False, exc)
+                self._expire_waiters()
+                delay = retry  # again soon: the leases' local expiry is coming
             else:
                 self._set_reachable(True)
+                # A fixed rate, however long the renewal took (a loaded loop).
+                delay = max(0.0, started + period - time.monotonic())
 
-    async def _heartbeat(self) -> None:
+    async def _heartbeat(self, *, timeout: float) -> None:
+        """Renew every live lease and waiter, then retry the orphans' withdrawals.
+
+        A renewal is waited for until the first local expiry (at least ``timeout``):
+        an answer after it comes too late for that lease, and a retry must have its
+        turn. The stores' own timeouts (socket, busy) are shorter still.
+        """
+        now = time.monotonic()
+        for lease in list(self._leases.values()):
+            if lease.lost is None and lease.expires_at <= now:  # before its timer ran
+                lease.fence("expired")
+        leases = [k for k, lease in self._leases.items() if lease.lost is None]
+        ids = [*leases, *(k for k, w in self._waiters.items() if w.enqueued)]
+        if ids:
+            sent = time.monotonic()
+            first = min((self._leases[k].expires_at for k in leases), default=sent + timeout)
+            try:
+                async with asyncio.timeout(max(timeout, first - sent)):
+                    missing = await self._backend.renew(ids)
+            except TimeoutError:
+                raise StoreUnavailable("lease renewal timed out") from None
+            self._renewed(ids, missing, sent)
         for key in list(self._orphans):
             out = await self._backend.withdraw(key, keep=False)
             self._orphans.discard(key)
             self._learn(out.view)
-        ids = [*self._leases, *(k for k, w in self._waiters.items() if w.enqueued)]
-        if not ids:
-            return
-        missing = await self._backend.renew(ids)
-        for key in missing:
-            if key in self._leases:
-                _log.error("lease %s expired in the store while held (process stalled "
-                           "longer than lease_ttl_s?)", key[:8])
+
+    def _renewed(self, ids: Iterable[str], missing: set[str], sent: float) -> None:
+        """Push back the local expiry of what was renewed; fence what the store lost."""
+        expiry = self._expiry(sent)
+        for key in ids:
+            lease = self._leases.get(key)
             waiter = self._waiters.get(key)
-            if waiter is not None and waiter.enqueued and not waiter.future.done():
-                del self._waiters[key]
-                waiter.future.set_exception(
-                    BusyError(
-                        "queue entry expired in the store",
-                        queue_position=waiter.ticket.position,
-                        retry_after_s=self._mean_hold_s,
-                        reason=UNAVAILABLE,
-                    )
-                )
+            if key in missing:
+                if lease is not None:
+                    lease.fence("missing")
+                self._fail_waiter(key, "queue entry expired in the store")
+            elif lease is not None and lease.lost is None:
+                lease.expires_at = max(lease.expires_at, expiry)
+            elif waiter is not None:
+                waiter.confirmed_at = max(waiter.confirmed_at, sent)
+
+    def _expire_waiters(self) -> None:
+        """Fail the waiters whose entry may have expired in the unreachable store."""
+        now = time.monotonic()
+        for key, waiter in list(self._waiters.items()):
+            if waiter.enqueued and self._expiry(waiter.confirmed_at) <= now:
+                self._fail_waiter(key, "admission store unreachable; queue entry expired")
 
 
 def _granted(future: asyncio.Future[Lease]) -> bool:

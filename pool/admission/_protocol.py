@@ -8,13 +8,17 @@ the store from ``POOL_COORDINATOR_URL``. Every store applies the same grant rule
 
 from __future__ import annotations
 
+import logging
+import math
 import time
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from .._exceptions import MisuseError
+from .._exceptions import LeaseLost, MisuseError
+
+_log = logging.getLogger("pool.admission")
 
 
 @dataclass
@@ -29,15 +33,32 @@ class WaitTicket:
 
 
 class Lease:
-    """An owned grant of one slot on each of ``resources``; release it exactly once."""
+    """An owned grant of one slot on each of ``resources``; release it exactly once.
 
-    __slots__ = ("_released", "granted_at", "lease_id", "resources")
+    A lease of a shared store also has a *local expiry* (``expires_at``, on
+    ``time.monotonic()``): the moment by which the store's copy may have expired,
+    pushed back by every successful renewal. Past it, or once the store reports it
+    gone, the lease is *lost* (:meth:`fence`): its holder must stop the work it
+    covers; callbacks registered with :meth:`on_lost` do that. A memory lease never
+    expires.
+    """
 
-    def __init__(self, lease_id: str, resources: tuple[str, ...]) -> None:
+    __slots__ = (
+        "_on_lost", "_released", "expires_at", "granted_at", "lease_id", "lost", "resources",
+        "retry_after_s",
+    )  # fmt: skip
+
+    def __init__(
+        self, lease_id: str, resources: tuple[str, ...], *, expires_at: float = math.inf
+    ) -> None:
         self.lease_id = lease_id
         self.resources = resources
         self.granted_at = time.monotonic()
+        self.expires_at = expires_at
+        self.lost: LeaseLost | None = None
+        self.retry_after_s = 1.0  # what a LeaseLost of this lease tells the caller
         self._released = False
+        self._on_lost: list[Callable[[LeaseLost], None]] = []
 
     @property
     def released(self) -> bool:
@@ -49,8 +70,41 @@ class Lease:
             raise MisuseError(f"lease {self.lease_id} released twice")
         self._released = True
 
+    def on_lost(self, callback: Callable[[LeaseLost], None]) -> None:
+        """Call ``callback(error)`` when the lease is lost (at once if it already is)."""
+        if self.lost is not None:
+            callback(self.lost)
+        else:
+            self._on_lost.append(callback)
+
+    def fence(self, why: str) -> bool:
+        """Mark the lease lost and run the callbacks (no await); False if it already was."""
+        if self.lost is not None or self._released:
+            return False
+        self.lost = LeaseLost(
+            f"admission lease {self.lease_id[:8]} lost ({why}); its work was stopped",
+            why=why,
+            retry_after_s=self.retry_after_s,
+        )
+        _log.error("lease %s lost (%s): fencing its work", self.lease_id[:8], why)
+        callbacks, self._on_lost = self._on_lost, []
+        for callback in callbacks:
+            try:
+                callback(self.lost)
+            except Exception:
+                _log.exception("lease-lost callback failed")
+        return True
+
+    def check(self) -> None:
+        """Raise :class:`~pool.LeaseLost` if the lease is lost or past its local expiry
+        (fencing it then): the test made before any work under it goes on."""
+        if self.lost is None and time.monotonic() >= self.expires_at:
+            self.fence("expired")
+        if self.lost is not None:
+            raise LeaseLost(str(self.lost), why=self.lost.why, retry_after_s=self.retry_after_s)
+
     def __repr__(self) -> str:
-        state = "released" if self._released else "held"
+        state = "released" if self._released else "lost" if self.lost else "held"
         return f"<Lease {self.lease_id[:8]} {','.join(self.resources)} {state}>"
 
 

@@ -39,19 +39,25 @@ Why it is shaped this way:
   1000) and redis-py's retries are off: an admission that cannot reach Redis raises
   at once (the coordinator maps it to ``BusyError(reason="coordinator_unavailable")``)
   instead of retrying a non-idempotent script. The subscriber reconnects by itself.
-* **Surviving a restart without persistence.** Redis may come back empty; admitting
-  against an empty store would ignore the limits and every slot still in use. So
-  each client sends the store *epoch* it knows, and a script run against another
-  epoch does nothing and answers ``EPOCH``. The client then re-registers its limits,
-  its leases and its queued waiters (``restore``) and retries. If the client had
-  known an earlier epoch (or lost contact before it learned one), the store was
-  reset: a *quarantine* of one lease TTL from the new epoch's birth, during which
-  nothing new is granted, gives every live process a heartbeat to re-register its
-  leases before the rule counts slots again. A brand-new Redis, first seen by
-  clients that never lost contact, starts without a quarantine; so the one case
-  left open is a process that starts during a Redis restart and is the very first
-  to reach the empty store: it can be admitted over the limit until the first old
-  holder's next heartbeat (``lease_ttl/3``), which imposes the quarantine.
+* **Surviving a restart, empty or from an older snapshot.** Admitting against a
+  store that forgot slots still in use would break the cap. So each client sends the
+  store *epoch* it knows, and a script run against another epoch does nothing and
+  answers ``EPOCH``; a restarted server also answers ``NOSCRIPT`` to every client's
+  first call. Either way the client re-registers its limits, its live leases and its
+  queued waiters (``restore``, waiters in their order) before it goes on; a renewal
+  that finds a live lease missing (an older snapshot) does the same. A lease is
+  re-registered only if its slots are still free: one whose slot was given away
+  meanwhile is reported back and its holder fences itself (``LeaseLost``).
+  *Quarantine*: while a server is younger than one lease TTL (``INFO`` uptime, read
+  by ``restore``), or for one TTL after a client that knew an earlier epoch finds a
+  new one (a flush), nothing new is granted. A holder of the old server renewed
+  before that server went away, so its local expiry falls inside the quarantine:
+  by its end every live holder has re-registered or fenced itself, and the rule
+  counts slots again. Waiters queue meanwhile and are served in order after it.
+  The price: the first TTL after any Redis start admits nothing. Left open: a
+  ``FLUSHALL`` on a long-running server first seen by a brand-new process (it can
+  be admitted over the limit until an old holder's next heartbeat imposes the
+  quarantine); do not flush a live store.
 """
 
 from __future__ import annotations
@@ -427,25 +433,39 @@ elseif op == 'restore' then
     current = ARGV[6]
     redis.call('HSET', META, 'epoch', current, 'born', now)
   end
-  if prev ~= '' and prev ~= current then
-    -- The store lost its state while we held entries in it: grant nothing new until
-    -- every live process has had a lease TTL to re-register its leases.
-    local until_ms = tonumber(redis.call('HGET', META, 'born')) + ttl
+  local function quarantine_until(until_ms)
     if until_ms > tonumber(redis.call('HGET', META, 'quarantine') or '0') then
       redis.call('HSET', META, 'quarantine', until_ms)
     end
   end
+  if prev ~= '' and prev ~= current then
+    -- The store lost its state while we held entries in it: grant nothing new until
+    -- every live process has had a lease TTL to re-register its leases.
+    quarantine_until(tonumber(redis.call('HGET', META, 'born')) + ttl)
+  end
+  -- A server younger than one TTL may have replaced one whose holders still run
+  -- (uptime_in_seconds rounds down: the start is taken late, the quarantine long).
+  local up = tonumber(string.match(redis.call('INFO', 'server'), 'uptime_in_seconds:(%d+)'))
+  if up and up * 1000 < ttl then quarantine_until(now - up * 1000 + ttl) end
   if secret ~= '' then redis.call('HSETNX', META, 'secret', secret) end
+  reclaim()
   local i = 9
   local n = tonumber(ARGV[i]); i = i + 1
   for _ = 1, n do redis.call('HSETNX', LIMITS, ARGV[i], ARGV[i + 1]); i = i + 2 end
+  limits_cache = nil
+  local refused = {}
   n = tonumber(ARGV[i]); i = i + 1
   for _ = 1, n do
     local id, w = ARGV[i], {o = owner, t = ttl, r = cjson.decode(ARGV[i + 1])}
     i = i + 2
     if redis.call('HEXISTS', LEASES, id) == 0 then
       drop_waiter(id)
-      make_lease(id, cjson.encode(w), w)
+      -- Taken back only into free slots: a slot given away meanwhile stays given.
+      local fits = true
+      for _, r in ipairs(w.r) do
+        if held_of(r) >= limit_of(r) then fits = false; break end
+      end
+      if fits then make_lease(id, cjson.encode(w), w) else refused[#refused + 1] = id end
     end
   end
   n = tonumber(ARGV[i]); i = i + 1
@@ -456,7 +476,7 @@ elseif op == 'restore' then
       add_waiter(id, cjson.encode(w), w)
     end
   end
-  return {'OK', current}
+  return {'OK', current, refused}
 end
 end
 
@@ -547,6 +567,7 @@ class _RedisStore:
         self._keys = [prefix + k for k in _KEYS]
         self._channels = prefix + "grants:"
         self._epoch = ""
+        self._restoring = False
         self._lost_contact = False  # we may have missed an epoch while Redis was away
         self._limits_set: dict[str, int] = {}
         self._secret: str | None = None
@@ -605,6 +626,8 @@ class _RedisStore:
         missing = [i for i, r in enumerate(replies) if isinstance(r, NoScriptError)]
         if missing:  # Redis restarted or flushed its scripts: nothing of these ran
             await self._client.script_load(_SCRIPT)
+            if not self._restoring:  # maybe from an older snapshot: re-register first
+                await self._restore()
             for i, reply in zip(missing, await self._send([runs[i] for i in missing]),
                                 strict=True):
                 replies[i] = reply
@@ -652,6 +675,13 @@ class _RedisStore:
         raise StoreUnavailable(f"redis {self._where}: store epoch keeps changing")
 
     async def _restore(self) -> None:
+        self._restoring = True
+        try:
+            await self._restore_once()
+        finally:
+            self._restoring = False
+
+    async def _restore_once(self) -> None:
         leases, waiters = self._local.local_entries() if self._local else ([], [])
         # "?" for a client that never saw an epoch but lost contact: it cannot vouch
         # that the store was not reset while it was away, so it asks for a quarantine.
@@ -666,12 +696,16 @@ class _RedisStore:
                 args += [key, json.dumps(list(resources))]
         reply = await self._eval("restore", self._owner, args)
         self._lost_contact = False
-        if self._epoch and reply[1] != self._epoch:
+        refused = [str(key) for key in reply[2]]
+        if (self._epoch and reply[1] != self._epoch) or refused:
             _log.warning(
-                "redis admission store %s was reset; re-registered %d lease(s), %d waiter(s)",
-                self._where, len(leases), len(waiters),
+                "redis admission store %s was reset; re-registered %d lease(s) (%d refused: "
+                "their slots were given away), %d waiter(s)",
+                self._where, len(leases) - len(refused), len(refused), len(waiters),
             )
         self._epoch = str(reply[1])
+        if refused and self._local is not None:
+            self._local.entries_lost(refused)
 
     # -- SharedStore ----------------------------------------------------------------------
     async def enqueue(self, waiter_id: str, resources: tuple[str, ...]) -> StoreView:
@@ -693,7 +727,12 @@ class _RedisStore:
 
     async def renew(self, ids: Sequence[str]) -> set[str]:
         reply = await self._call("renew", self._ttl_ms, *ids)
-        return set(reply[1])
+        missing = set(reply[1])
+        live = {key for key, _ in self._local.local_entries()[0]} if self._local else set()
+        if missing & live:  # a live lease the store forgot (an older snapshot): restore
+            await self._restore()
+            missing = set((await self._call("renew", self._ttl_ms, *missing))[1])
+        return missing
 
     async def drop(self, ids: Sequence[str]) -> None:
         await self._call("drop", *ids)

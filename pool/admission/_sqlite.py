@@ -9,6 +9,7 @@ processes. The whole fleet state lives in the file::
     stats(key, value)                             mean_hold_s (EWMA over releases)
     secret(id = 1, key)                           created once, read by everyone
     kv(key, value, expires_at)                    small shared values (put_value)
+    meta(key, value)                              quarantine: no grant before this time
 
 ``seq`` is the arrival order, fleet-wide. Holder counts are *derived* from the live
 leases (``json_each`` over their resources) instead of kept in a counter table, so
@@ -39,8 +40,21 @@ Why it is shaped this way:
   ``BusyError(reason="coordinator_unavailable")``. Granted leases keep running; they
   are renewed again once the file answers.
 
+* **A file deleted or replaced under us.** A process keeps using the inode it
+  opened, so a deleted or replaced file would split the fleet in two. Each round the
+  worker compares the path's inode with the open one; when they differ it reopens
+  the path and, before any other call, the process re-registers its limits, its live
+  leases (only into free slots: a lease whose slot was taken is reported lost and
+  fenced) and its queued waiters, in order, and sets a *quarantine* of one lease TTL
+  in the file, during which nothing new is granted: every process that held slots
+  in the old file renews within that time, notices and re-registers, or reaches
+  its local expiry and fences itself. Left open: a process that never opened the old
+  file, and is the first to reach the new one, is not held back by that quarantine.
+
 Expiry uses the wall clock (``time.time()``): it is shared by every process of the
-host, and unlike ``CLOCK_MONOTONIC`` it survives a reboot with the file on disk.
+host, and unlike ``CLOCK_MONOTONIC`` it survives a reboot with the file on disk. A
+wall-clock step forward expires leases early in the file while their holders'
+(monotonic) local expiry has not passed: keep the host's clock slewed, not stepped.
 Options: ``?busy_timeout_ms=2000&poll_ms=10``.
 """
 
@@ -61,7 +75,13 @@ from dataclasses import dataclass
 from typing import Any, Literal, TypeVar, cast
 from urllib.parse import parse_qs, urlsplit
 
-from ._lease_keeper import SharedCoordinator, StoreUnavailable, StoreView, Withdrawn
+from ._lease_keeper import (
+    LocalEntries,
+    SharedCoordinator,
+    StoreUnavailable,
+    StoreView,
+    Withdrawn,
+)
 from ._protocol import AdmissionSnapshot, new_id
 from ._rule import GLOBAL_RESOURCE, limit_lookup, plan_grants
 
@@ -95,6 +115,7 @@ _SCHEMA = (
     "CREATE TABLE IF NOT EXISTS secret (id INTEGER PRIMARY KEY CHECK (id = 1), key BLOB NOT NULL)",
     """CREATE TABLE IF NOT EXISTS kv (
         key TEXT PRIMARY KEY, value TEXT NOT NULL, expires_at REAL NOT NULL)""",
+    "CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value REAL NOT NULL)",
 )
 
 _IDS = "(SELECT value FROM json_each(?))"  # a JSON array parameter as a set of ids
@@ -140,6 +161,11 @@ class _Job:
     kind: Literal["write", "read", "close"]  # writes share the round's transaction
     loop: asyncio.AbstractEventLoop
     future: asyncio.Future[Any]
+    restore: bool = False  # runs while the others wait for a re-registration
+
+
+class _StoreReset(Exception):
+    """The file was deleted or replaced: re-register, then try the call again."""
 
 
 class _SQLiteStore:
@@ -171,13 +197,18 @@ class _SQLiteStore:
         self._jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
         self._secret: bytes | None = None
+        self._local: LocalEntries | None = None
+        self._limits_set: dict[str, int] = {}
         # Worker-thread state:
         self._conn: sqlite3.Connection | None = None
+        self._identity: tuple[int, int] | None = None  # (st_dev, st_ino) of the open file
+        self._reset_pending = False  # the file changed: only a restore may run
         self._next_safety_pass = 0.0
         self._next_positions = 0.0
 
-    def attach(self, local: object) -> None:
-        """Nothing to re-register: the file outlives every process."""
+    def attach(self, local: LocalEntries) -> None:
+        """Whose entries to re-register if the file is ever deleted or replaced."""
+        self._local = local
 
     async def watch(
         self, on_grant: Callable[[Iterable[str]], None], on_resume: Callable[[], None]
@@ -189,6 +220,39 @@ class _SQLiteStore:
         self,
         run: Callable[[sqlite3.Connection, float], T],
         kind: Literal["write", "read", "close"],
+        *,
+        restore: bool = False,
+    ) -> T:
+        for _ in range(3):
+            try:
+                return await self._submit_once(run, kind, restore)
+            except _StoreReset:
+                await self._restore()
+        raise StoreUnavailable(f"sqlite {self.path}: the file keeps being replaced")
+
+    async def _restore(self) -> None:
+        """Re-register this process's limits, live leases and waiters in a new file."""
+        leases, waiters = self._local.local_entries() if self._local else ([], [])
+        limits, secret, ttl = list(self._limits_set.items()), self._secret, self._ttl
+
+        def restore(conn: sqlite3.Connection, now: float) -> list[str] | None:
+            return self._restore_in(conn, now, ttl, limits, secret, leases, waiters)
+
+        refused = await self._submit(restore, "write", restore=True)
+        if refused is not None:
+            _log.warning(
+                "sqlite admission store %s was replaced; re-registered %d lease(s) (%d "
+                "refused: their slots were taken), %d waiter(s)",
+                self.path, len(leases) - len(refused), len(refused), len(waiters),
+            )
+            if refused and self._local is not None:
+                self._local.entries_lost(refused)
+
+    async def _submit_once(
+        self,
+        run: Callable[[sqlite3.Connection, float], T],
+        kind: Literal["write", "read", "close"],
+        restore: bool,
     ) -> T:
         if self._thread is None:
             self._thread = threading.Thread(
@@ -197,7 +261,7 @@ class _SQLiteStore:
             self._thread.start()
         loop = asyncio.get_running_loop()
         future: asyncio.Future[Any] = loop.create_future()
-        self._jobs.put(_Job(run, kind, loop, future))
+        self._jobs.put(_Job(run, kind, loop, future, restore))
         try:
             return cast(T, await future)
         except sqlite3.OperationalError as exc:  # locked beyond busy_timeout, I/O, open
@@ -237,6 +301,7 @@ class _SQLiteStore:
         await self._transact(lambda c, now: self._drop(c, now, gone))
 
     async def set_limits(self, limits: Mapping[str, int]) -> StoreView:
+        self._limits_set.update(limits)  # re-registered if the file is ever replaced
         rows = [(r, int(n)) for r, n in limits.items()]
         return await self._transact(lambda c, now: self._set_limits(c, now, rows))
 
@@ -349,6 +414,9 @@ class _SQLiteStore:
         outcomes: list[tuple[_Job, bool, Any]] = []
         try:
             for job in jobs:
+                if self._reset_pending and not job.restore:
+                    outcomes.append((job, False, _StoreReset()))
+                    continue
                 conn.execute("SAVEPOINT call")
                 try:
                     outcomes.append((job, True, job.run(conn, now)))
@@ -370,11 +438,18 @@ class _SQLiteStore:
             if job.kind == "close":
                 self._close()
                 return job, True, None
-            return job, True, job.run(self._connection(), time.time())
+            conn = self._connection()
+            if self._reset_pending:
+                return job, False, _StoreReset()
+            return job, True, job.run(conn, time.time())
         except Exception as exc:
             return job, False, exc
 
     def _connection(self) -> sqlite3.Connection:
+        if self._conn is not None and self._identity != _identity(self.path):
+            _log.error("sqlite admission store %s was deleted or replaced", self.path)
+            self._close()
+            self._reset_pending = True
         if self._conn is None:
             os.makedirs(os.path.dirname(self.path) or "/", exist_ok=True)
             conn = sqlite3.connect(self.path, timeout=self._busy_timeout_s, isolation_level=None)
@@ -386,7 +461,59 @@ class _SQLiteStore:
                 conn.close()
                 raise
             self._conn = conn
+            self._identity = _identity(self.path)
         return self._conn
+
+    def _restore_in(
+        self,
+        conn: sqlite3.Connection,
+        now: float,
+        ttl: float,
+        limits: list[tuple[str, int]],
+        secret: bytes | None,
+        leases: list[tuple[str, tuple[str, ...]]],
+        waiters: list[tuple[str, tuple[str, ...]]],
+    ) -> list[str] | None:
+        """Re-register after a reset (see the module doc); None if there was none."""
+        if not self._reset_pending:
+            return None
+        conn.execute(
+            "INSERT INTO meta (key, value) VALUES ('quarantine', ?) ON CONFLICT (key)"
+            " DO UPDATE SET value = max(value, excluded.value)",
+            (now + ttl,),
+        )
+        conn.executemany("INSERT OR IGNORE INTO limits (resource, lim) VALUES (?, ?)", limits)
+        if secret is not None:
+            _secret(conn, secret)
+        held = _held(conn, now)
+        limit_of = limit_lookup(_limits(conn))
+        refused: list[str] = []
+        for key, resources in leases:
+            if conn.execute("SELECT 1 FROM leases WHERE id = ?", (key,)).fetchone():
+                continue
+            conn.execute("DELETE FROM waiters WHERE id = ?", (key,))
+            if not all(held.get(r, 0) < limit_of(r) for r in resources):
+                refused.append(key)  # its slot was given away meanwhile
+                continue
+            for r in resources:
+                held[r] = held.get(r, 0) + 1
+            conn.execute(
+                "INSERT INTO leases (id, owner, resources, ttl_s, granted_at, expires_at)"
+                " VALUES (?, ?, ?, ?, ?, ?)",
+                (key, self._owner, json.dumps(resources), ttl, now, now + ttl),
+            )
+        for key, resources in waiters:
+            if not conn.execute(
+                "SELECT 1 FROM leases WHERE id = ?1 UNION ALL SELECT 1 FROM waiters WHERE id = ?1",
+                (key,),
+            ).fetchone():
+                conn.execute(
+                    "INSERT INTO waiters (id, owner, resources, ttl_s, enqueued_at, expires_at)"
+                    " VALUES (?, ?, ?, ?, ?, ?)",
+                    (key, self._owner, json.dumps(resources), ttl, now, now + ttl),
+                )
+        self._reset_pending = False
+        return refused
 
     def _close(self) -> None:
         if self._conn is not None:
@@ -408,6 +535,10 @@ class _SQLiteStore:
         conn.execute("DELETE FROM waiters WHERE expires_at < ?", (now,))
         if newcomer is None and conn.execute("SELECT 1 FROM waiters LIMIT 1").fetchone() is None:
             return set()
+        if conn.execute(
+            "SELECT 1 FROM meta WHERE key = 'quarantine' AND value > ?", (now,)
+        ).fetchone():
+            return set()  # just re-created: holders of the old file re-register first
         # While every waiter needs backend:global, the pass stops once it is full
         # (plan_grants' all_need), so the rows are read and parsed lazily, in order.
         # A resource name inside the JSON list is quoted: this LIKE matches it exactly.
@@ -594,6 +725,15 @@ def _write(conn: sqlite3.Connection, body: Callable[[sqlite3.Connection, float],
             conn.execute("ROLLBACK")
         raise
     return result
+
+
+def _identity(path: str) -> tuple[int, int] | None:
+    """Which file ``path`` names now (None: none)."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
 
 
 def _settle(outcomes: list[tuple[_Job, bool, Any]]) -> None:

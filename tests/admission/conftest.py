@@ -17,6 +17,7 @@ import pytest
 import redis
 
 from pool.admission import Coordinator, open_coordinator
+from tests.chaos._infra import private_redis  # noqa: F401  (a fixture, shared)
 
 REDIS_URL = os.environ.get("SPACEPOOL_TEST_REDIS", "redis://127.0.0.1:6379/0")
 STORES = ("memory", "sqlite", "redis")

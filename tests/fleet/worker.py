@@ -1,6 +1,6 @@
 """One worker process of the fleet tests: N concurrent requests through its own Pool.
 
-    python -m tests.fleet.worker <POOL_SPACES> <coordinator url> <requests> <tag>
+    python -m tests.fleet.worker <POOL_SPACES> <coordinator url> <requests> <tag> [delay_s]
 
 Caps come from POOL_* variables. Prints one JSON line: per request the consumer, the
 lease interval (wall clock, inside ``get_client``) and the outcome.
@@ -16,7 +16,7 @@ import time
 from pool import Pool, PoolError, PoolSettings
 
 
-async def main(spaces: str, url: str, count: int, tag: str) -> None:
+async def main(spaces: str, url: str, count: int, tag: str, delay_s: float = 0.05) -> None:
     pool = Pool(PoolSettings(spaces=spaces, coordinator_url=url))
     records: list[dict[str, object]] = []
 
@@ -25,7 +25,7 @@ async def main(spaces: str, url: str, count: int, tag: str) -> None:
         try:
             async with pool.client(user) as client:
                 start = time.time()
-                result = await client.predict(f"{tag}-{i}", 0.05, api_name="/echo")
+                result = await client.predict(f"{tag}-{i}", delay_s, api_name="/echo")
                 end = time.time()
             ok = result == f"{client.space}:{tag}-{i}"
             records.append({"user": user, "start": start, "end": end, "ok": ok})
@@ -38,4 +38,5 @@ async def main(spaces: str, url: str, count: int, tag: str) -> None:
 
 
 if __name__ == "__main__":
-    asyncio.run(main(sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]))
+    delay = float(sys.argv[5]) if len(sys.argv) > 5 else 0.05
+    asyncio.run(main(sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4], delay))
