@@ -1,0 +1,369 @@
+"""Files through the HTTP service, against a real image/file stand-in Space ("pic"):
+uploads (multipart, base64, URL), output files served under /api/files/{token} (bytes
+equal to what a plain gradio_client.Client gets), expiry, the disk bound, traversal
+attempts, size caps, and no temp file left behind."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import io
+import json
+import os
+import urllib.parse
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from gradio_client import Client, handle_file
+from PIL import Image, ImageOps
+
+from devspaces import SpaceFleet, SpaceProcess
+
+from .conftest import ServiceFactory, ServiceProcess, eventually
+
+API_TOKEN = "api-token-for-files-7d0e"
+AUTH = {"Authorization": f"Bearer {API_TOKEN}"}
+UPLOAD_CAP = 64 * 1024
+OUTPUT_CAP = 20_000
+DISK_CAP = 5_000
+LINE = "pic:x\n"  # one line of /report with text "x"
+
+
+@pytest.fixture(scope="module")
+def pic() -> Iterator[SpaceProcess]:
+    """One image/file stand-in Space."""
+    with SpaceProcess("pic", kind="image") as space:
+        yield space
+
+
+def _spaces(fleet: SpaceFleet, pic: SpaceProcess) -> str:
+    return f"{fleet.pool_spaces_env()},pic={pic.url}"
+
+
+@pytest.fixture(scope="module")
+def files_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("files")
+
+
+@pytest.fixture(scope="module")
+def service(
+    start_service: ServiceFactory, fleet: SpaceFleet, pic: SpaceProcess, files_dir: Path
+) -> ServiceProcess:
+    """Default file settings, its download folder where the test can look."""
+    return start_service(POOL_SPACES=_spaces(fleet, pic), POOL_FILE_DIR=str(files_dir))
+
+
+@pytest.fixture(scope="module")
+def limits_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("limited")
+
+
+@pytest.fixture(scope="module")
+def limited(
+    start_service: ServiceFactory, fleet: SpaceFleet, pic: SpaceProcess, limits_dir: Path
+) -> ServiceProcess:
+    """Small caps, 2 s file URLs, URL arguments allowed, an API token."""
+    return start_service(
+        POOL_SPACES=_spaces(fleet, pic),
+        POOL_FILE_DIR=str(limits_dir),
+        POOL_MAX_UPLOAD_BYTES=str(UPLOAD_CAP),
+        POOL_FILE_MAX_BYTES=str(OUTPUT_CAP),
+        POOL_FILE_MAX_TOTAL_BYTES=str(DISK_CAP),
+        POOL_FILE_TTL_S="2",
+        POOL_ALLOW_FILE_URLS="true",
+        POOL_API_TOKEN=API_TOKEN,
+    )
+
+
+def png_bytes(width: int = 16, height: int = 8) -> bytes:
+    image = Image.new("RGB", (width, height))
+    for x in range(width):
+        for y in range(height):
+            image.putpixel((x, y), (x * 15, y * 30, (x * y) % 256))
+    out = io.BytesIO()
+    image.save(out, format="PNG")
+    return out.getvalue()
+
+
+def raw_flip(pic: SpaceProcess, image: bytes, tmp_path: Path) -> bytes:
+    """What a plain gradio_client.Client downloads for the same /flip call."""
+    source = tmp_path / "in.png"
+    source.write_bytes(image)
+    client = Client(pic.url, verbose=False, download_files=str(tmp_path / "raw"))
+    try:
+        path = client.predict(handle_file(str(source)), api_name="/flip")
+    finally:
+        client.close()
+    return Path(path).read_bytes()
+
+
+def leftovers(directory: Path) -> list[str]:
+    """Files still in the upload and partial-download folders."""
+    return [
+        str(p.relative_to(directory))
+        for sub in ("incoming", "partial")
+        for p in (directory / sub).rglob("*")
+    ]
+
+
+def published(directory: Path) -> list[str]:
+    return sorted(p.name for p in (directory / "data").iterdir())
+
+
+async def test_an_image_round_trips_multipart_in_url_out_with_the_raw_clients_bytes(
+    service: ServiceProcess, pic: SpaceProcess, files_dir: Path, tmp_path: Path
+) -> None:
+    """Multipart upload → the Space flips it → the URL's bytes equal a raw Client's."""
+    image = png_bytes()
+    expected = raw_flip(pic, image, tmp_path)
+    body = {"space": "pic", "api_name": "/flip", "args": [{"file": {"upload": "image"}}]}
+    async with service.client() as client:
+        response = await client.post(
+            "/api/predict",
+            data={"body": json.dumps(body)},
+            files={"image": ("cat.png", image, "image/png")},
+        )
+        assert response.status_code == 200, response.text
+        out = response.json()["result"]["file"]
+        assert out["url"].startswith("/api/files/") and out["name"] == "image.png"
+        assert out["mime_type"] == "image/png" and out["size"] == len(expected)
+        assert "path" not in json.dumps(response.json())  # no path of the Space or ours
+        got = await client.get(out["url"])
+    assert got.status_code == 200
+    assert got.content == expected
+    assert got.headers["content-type"] == "image/png"
+    assert got.headers["content-disposition"].startswith("attachment")
+    assert got.headers["x-content-type-options"] == "nosniff"
+    flipped = ImageOps.mirror(Image.open(io.BytesIO(image)).convert("RGB"))
+    assert list(Image.open(io.BytesIO(got.content)).convert("RGB").getdata()) == list(
+        flipped.getdata()
+    )
+    assert leftovers(files_dir) == []
+
+
+async def test_base64_in_and_inline_out_carry_the_same_bytes(
+    service: ServiceProcess, pic: SpaceProcess, files_dir: Path, tmp_path: Path
+) -> None:
+    """{"file": {"b64"}} in, "files": "inline" out: the b64 decodes to the raw Client's bytes."""
+    image = png_bytes(10, 10)
+    expected = raw_flip(pic, image, tmp_path)
+    before = published(files_dir)
+    body = {
+        "space": "pic",
+        "api_name": "/flip",
+        "args": [{"file": {"b64": base64.b64encode(image).decode(), "name": "a.png"}}],
+        "files": "inline",
+    }
+    async with service.client() as client:
+        response = await client.post("/api/predict", json=body)
+    assert response.status_code == 200, response.text
+    out = response.json()["result"]["file"]
+    assert "url" not in out and out["size"] == len(expected)
+    assert base64.b64decode(out["b64"]) == expected
+    assert published(files_dir) == before  # inline: nothing kept on disk
+    assert leftovers(files_dir) == []
+
+
+async def test_a_job_uploads_a_file_and_returns_a_generated_file_by_url(
+    service: ServiceProcess, files_dir: Path
+) -> None:
+    """POST /api/jobs multipart: the Space saw the uploaded bytes; a gr.File output comes by URL."""
+    payload = os.urandom(3000)
+    checksum = {"space": "pic", "api_name": "/checksum", "args": [{"file": {"upload": "f"}}]}
+    async with service.client() as client:
+        created = await client.post(
+            "/api/jobs",
+            data={"body": json.dumps(checksum)},
+            files={"f": ("blob.bin", payload, "application/octet-stream")},
+        )
+        assert created.status_code == 202, created.text
+        url = created.json()["url"]
+
+        async def done() -> bool:
+            return bool((await client.get(url)).json()["stage"] in ("done", "failed"))
+
+        await eventually(done, 30, "checksum job finished")
+        job = (await client.get(url)).json()
+        assert job["stage"] == "done", job
+        assert job["result"] == f"{len(payload)} {hashlib.sha256(payload).hexdigest()}"
+
+        report = {"space": "pic", "api_name": "/report", "args": ["x", 50]}
+        created = await client.post("/api/jobs", json=report)
+        url = created.json()["url"]
+        await eventually(done, 30, "report job finished")
+        job = (await client.get(url)).json()
+        assert job["stage"] == "done", job
+        got = await client.get(job["result"]["file"]["url"])
+    assert got.status_code == 200 and got.text == LINE * 50
+    assert got.headers["content-type"].startswith("text/plain")
+    assert leftovers(files_dir) == []
+
+
+async def test_bad_file_arguments_are_clear_422s_and_leave_nothing_behind(
+    service: ServiceProcess, files_dir: Path
+) -> None:
+    """Bad base64, an unknown part, a malformed file object, URLs when off: 422, no temp file."""
+    cases: list[Any] = [
+        {"file": {"b64": "not*base64!"}},
+        {"file": {"upload": "nope"}},
+        {"file": {"b64": "AAAA", "url": "http://127.0.0.1/"}},
+        {"file": {"b64": 5}},
+        {"file": {"url": "http://127.0.0.1:9/secret"}},  # POOL_ALLOW_FILE_URLS is off here
+    ]
+    async with service.client() as client:
+        for arg in cases:
+            body = {"space": "pic", "api_name": "/checksum", "args": [arg]}
+            response = await client.post("/api/predict", json=body)
+            assert response.status_code == 422, (arg, response.text)
+            assert response.json()["error"] == "invalid_request", response.text
+        good = base64.b64encode(b"ok").decode()
+        body = {"api_name": "/checksum", "space": "pic",
+                "args": [{"file": {"b64": good}}, {"file": {"upload": "missing"}}]}  # fmt: skip
+        response = await client.post("/api/predict", json=body)
+        assert response.status_code == 422
+        no_body = await client.post("/api/predict", files={"f": ("a", b"x")})
+        assert no_body.status_code == 422 and no_body.json()["error"] == "invalid_body"
+        bad_json = await client.post("/api/predict", data={"body": "{nope"}, files={"f": ("a", b"x")})
+        assert bad_json.status_code == 422 and bad_json.json()["error"] == "invalid_body"
+    assert leftovers(files_dir) == []
+
+
+async def test_traversal_attempts_and_unknown_tokens_answer_404(
+    service: ServiceProcess, files_dir: Path
+) -> None:
+    """Paths built to escape the download folder, and unknown tokens: 404/422, never a file."""
+    (files_dir / "secret.txt").write_text("root:x:0:0")
+    attempts = [
+        "/api/files/..%2Fsecret.txt",
+        "/api/files/..%2F..%2F..%2Fetc%2Fpasswd",
+        "/api/files/%2e%2e%2fsecret.txt",
+        "/api/files/" + "." * 43,
+        "/api/files/" + urllib.parse.quote("../" * 14 + "etc/pw", safe=""),
+        "/api/files/" + "A" * 43,  # the shape of a token, never issued
+        "/api/files/secret.txt",
+        "/api/files/data",
+    ]
+    async with httpx.AsyncClient(base_url=service.url, timeout=30) as client:
+        for path in attempts:
+            response = await client.get(httpx.URL(service.url + path))
+            assert response.status_code in (404, 422), (path, response.status_code)
+            assert "root:" not in response.text
+
+
+async def test_expired_urls_answer_404_and_their_files_are_deleted(
+    limited: ServiceProcess, limits_dir: Path
+) -> None:
+    """POOL_FILE_TTL_S=2: a URL works, then answers 404 and its file is gone from disk."""
+    body = {"space": "pic", "api_name": "/report", "args": ["x", 10]}
+    async with limited.client(**AUTH) as client:
+        response = await client.post("/api/predict", json=body)
+        assert response.status_code == 200, response.text
+        url = response.json()["result"]["file"]["url"]
+        assert (await client.get(url)).status_code == 200
+        assert len(published(limits_dir)) >= 2  # the bytes and their metadata
+
+        async def expired() -> bool:
+            return (await client.get(url)).status_code == 404
+
+        await eventually(expired, 10, "the file URL expired", every_s=0.2)
+        gone = await client.get(url)
+    assert gone.json()["error"] == "file_not_found"
+
+    def token_files() -> bool:
+        key = hashlib.sha256(url.rsplit("/", 1)[1].encode()).hexdigest()
+        return not any(name.startswith(key) for name in published(limits_dir))
+
+    assert token_files()
+
+
+async def test_the_disk_bound_evicts_the_oldest_files_first(
+    limited: ServiceProcess, limits_dir: Path
+) -> None:
+    """POOL_FILE_MAX_TOTAL_BYTES: a new file pushes the oldest out (404), the newest stays."""
+    urls = []
+    lines = DISK_CAP // len(LINE) // 2 + 10  # two of them exceed the bound
+    async with limited.client(**AUTH) as client:
+        for text in ("a", "b"):
+            body = {"space": "pic", "api_name": "/report", "args": [text, lines]}
+            response = await client.post("/api/predict", json=body)
+            assert response.status_code == 200, response.text
+            urls.append(response.json()["result"]["file"]["url"])
+        first, second = [await client.get(url) for url in urls]
+    assert first.status_code == 404
+    assert second.status_code == 200 and len(second.content) == lines * len("pic:b\n")
+    data = limits_dir / "data"
+    assert sum(p.stat().st_size for p in data.iterdir() if p.suffix != ".json") <= DISK_CAP
+
+
+async def test_uploads_over_the_cap_answer_413_and_leave_nothing_behind(
+    limited: ServiceProcess, limits_dir: Path
+) -> None:
+    """POOL_MAX_UPLOAD_BYTES: a multipart file or base64 over it is 413 too_large."""
+    big = os.urandom(UPLOAD_CAP + 1)
+    body = {"space": "pic", "api_name": "/checksum", "args": [{"file": {"upload": "f"}}]}
+    async with limited.client(**AUTH) as client:
+        for path in ("/api/predict", "/api/jobs"):
+            response = await client.post(
+                path, data={"body": json.dumps(body)}, files={"f": ("big.bin", big)}
+            )
+            assert response.status_code == 413, response.text
+            assert response.json()["error"] == "too_large"
+        huge = await client.post(
+            "/api/predict", data={"body": json.dumps(body)}, files={"f": ("h", big * 20)}
+        )
+        assert huge.status_code == 413
+        as_b64 = base64.b64encode(big[: UPLOAD_CAP // 2 + UPLOAD_CAP // 2 + 1]).decode()
+        b64_body = {"space": "pic", "api_name": "/checksum", "args": [{"file": {"b64": as_b64}}]}
+        response = await client.post("/api/predict", json=b64_body)
+        assert response.status_code == 413, response.text
+        fits = os.urandom(UPLOAD_CAP - 10)
+        response = await client.post(
+            "/api/predict", data={"body": json.dumps(body)}, files={"f": ("ok.bin", fits)}
+        )
+        assert response.status_code == 200, response.text
+        assert response.json()["result"] == f"{len(fits)} {hashlib.sha256(fits).hexdigest()}"
+    assert leftovers(limits_dir) == []
+
+
+async def test_an_output_over_the_file_cap_is_502_and_leaves_no_partial_file(
+    limited: ServiceProcess, limits_dir: Path
+) -> None:
+    """POOL_FILE_MAX_BYTES: an output file larger than it is 502 upstream file_too_large."""
+    body = {"space": "pic", "api_name": "/report", "args": ["x", OUTPUT_CAP // len(LINE) + 100]}
+    async with limited.client(**AUTH) as client:
+        response = await client.post("/api/predict", json=body)
+    assert response.status_code == 502, response.text
+    assert response.json()["kind"] == "file_too_large"
+    assert leftovers(limits_dir) == []
+
+
+async def test_a_url_argument_is_fetched_when_allowed(
+    limited: ServiceProcess, pic: SpaceProcess, limits_dir: Path
+) -> None:
+    """POOL_ALLOW_FILE_URLS on: {"file": {"url"}} is fetched and reaches the Space intact."""
+    client = Client(pic.url, verbose=False, download_files=False)
+    try:
+        made = client.predict("u", 7, api_name="/report")
+    finally:
+        client.close()
+    body = {"space": "pic", "api_name": "/checksum", "args": [{"file": {"url": made["url"]}}]}
+    expected = ("pic:u\n" * 7).encode()
+    async with limited.client(**AUTH) as http:
+        response = await http.post("/api/predict", json=body)
+    assert response.status_code == 200, response.text
+    assert response.json()["result"] == f"{len(expected)} {hashlib.sha256(expected).hexdigest()}"
+    assert leftovers(limits_dir) == []
+
+
+async def test_file_urls_need_the_api_token_when_one_is_set(limited: ServiceProcess) -> None:
+    """Same auth as the request: without the bearer token a file URL is 401."""
+    body = {"space": "pic", "api_name": "/report", "args": ["t", 2]}
+    async with limited.client(**AUTH) as client:
+        url = (await client.post("/api/predict", json=body)).json()["result"]["file"]["url"]
+    async with limited.client() as anonymous:
+        assert (await anonymous.get(url)).status_code == 401
+        assert (await anonymous.get("/api/spaces")).status_code == 401
+        assert (await anonymous.get("/api/spaces/pic/api")).status_code == 401
