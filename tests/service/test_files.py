@@ -5,6 +5,7 @@ attempts, size caps, and no temp file left behind."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import hashlib
 import io
@@ -367,3 +368,36 @@ async def test_file_urls_need_the_api_token_when_one_is_set(limited: ServiceProc
         assert (await anonymous.get(url)).status_code == 401
         assert (await anonymous.get("/api/spaces")).status_code == 401
         assert (await anonymous.get("/api/spaces/pic/api")).status_code == 401
+
+
+async def test_a_file_url_is_served_by_every_worker_of_the_host(
+    start_service: ServiceFactory, fleet: SpaceFleet, pic: SpaceProcess, tmp_path: Path
+) -> None:
+    """uvicorn --workers 2 sharing POOL_FILE_DIR: a URL one worker issued, both serve."""
+    service = start_service(
+        workers=2, POOL_SPACES=_spaces(fleet, pic), POOL_FILE_DIR=str(tmp_path / "shared")
+    )
+    body = {"space": "pic", "api_name": "/report", "args": ["w", 40]}
+    async with service.client() as client:
+        response = await client.post("/api/predict", json=body)
+    assert response.status_code == 200, response.text
+    url = response.json()["result"]["file"]["url"]
+
+    def pids_of(tag: str) -> set[int]:
+        return {
+            line["pid"]
+            for line in service.log_lines()
+            if str(line.get("request_id", "")).startswith(tag) and line.get("status") == 200
+        }
+
+    rounds = 0
+    # As in test_predict: bursts of fresh connections until one burst spans both workers.
+    for rounds in range(1, 11):
+        clients = [service.client(**{"X-Request-ID": f"f{rounds}-{i}"}) for i in range(8)]
+        got = await asyncio.gather(*(c.get(url) for c in clients))
+        for c in clients:
+            await c.aclose()
+        assert all(r.status_code == 200 and r.text == "pic:w\n" * 40 for r in got)
+        if len(pids_of(f"f{rounds}-")) == 2:
+            break
+    assert len(pids_of(f"f{rounds}-")) == 2, f"no burst reached both workers in {rounds} rounds"
