@@ -227,7 +227,9 @@ async def test_bad_file_arguments_are_clear_422s_and_leave_nothing_behind(
         assert response.status_code == 422
         no_body = await client.post("/api/predict", files={"f": ("a", b"x")})
         assert no_body.status_code == 422 and no_body.json()["error"] == "invalid_body"
-        bad_json = await client.post("/api/predict", data={"body": "{nope"}, files={"f": ("a", b"x")})
+        bad_json = await client.post(
+            "/api/predict", data={"body": "{nope"}, files={"f": ("a", b"x")}
+        )
         assert bad_json.status_code == 422 and bad_json.json()["error"] == "invalid_body"
     assert leftovers(files_dir) == []
 
