@@ -126,7 +126,13 @@ async def index() -> dict[str, Any]:
     return {
         "service": "spacepool",
         "docs": "/docs",
-        "endpoints": ["/api/predict", "/api/jobs", "/api/admin/pool-stats", "/metrics"],
+        "endpoints": [
+            "/api/predict",
+            "/api/jobs",
+            "/api/spaces",
+            "/api/admin/pool-stats",
+            "/metrics",
+        ],
     }
 
 

@@ -403,3 +403,43 @@ async def test_a_file_url_is_served_by_every_worker_of_the_host(
         if len(pids_of(f"f{rounds}-")) == 2:
             break
     assert len(pids_of(f"f{rounds}-")) == 2, f"no burst reached both workers in {rounds} rounds"
+
+
+async def test_malformed_multipart_and_file_objects_are_4xx_never_500(
+    service: ServiceProcess, files_dir: Path
+) -> None:
+    """Broken multipart bodies, too many parts, odd file objects: a 4xx, no temp file left."""
+    call = {"space": "pic", "api_name": "/checksum", "args": [{"file": {"upload": "f"}}]}
+    body = json.dumps(call)
+    odd: list[Any] = [
+        {"file": {}},
+        {"file": {"upload": "f"}},
+        {"file": {"b64": ""}},
+        {"file": {"b64": "AA==", "name": 5}},
+        {"file": {"url": "ftp://x/y"}},
+        {"file": {"b64": "AA==", "extra": 1}},
+        {"file": {"name": "only"}},
+    ]
+    async with service.client() as client:
+        for arg in odd:
+            response = await client.post(
+                "/api/predict", json={"space": "pic", "api_name": "/checksum", "args": [arg]}
+            )
+            assert response.status_code == 422, (arg, response.text)
+        raw_cases = [
+            (b"--x\r\nContent-Disposition: form-data; name=\"body\"\r\n\r\n{}", "boundary=x"),
+            (b"garbage", "boundary=x"),
+            (b"", "boundary="),
+            (b"--x--\r\n", "boundary=x"),
+        ]
+        for content, params in raw_cases:
+            response = await client.post(
+                "/api/predict",
+                content=content,
+                headers={"Content-Type": f"multipart/form-data; {params}"},
+            )
+            assert 400 <= response.status_code < 500, (content, response.text)
+        many = {f"p{i}": (f"{i}.bin", b"x") for i in range(20)}
+        response = await client.post("/api/predict", data={"body": body}, files=many)
+        assert 400 <= response.status_code < 500, response.text
+    assert leftovers(files_dir) == []
