@@ -22,7 +22,8 @@ before the disk is touched; nothing outside ``data/`` is ever opened.
 
 Files are deleted once expired (``POOL_FILE_TTL_S``; an expired one is a 404 even
 before the sweep) and, when ``data/`` holds more than ``POOL_FILE_MAX_TOTAL_BYTES``,
-oldest first — on every publish and every minute.
+oldest first — by a sweep in a worker thread right after every publish (one at a time)
+and every minute, so the event loop never scans the folder.
 """
 
 from __future__ import annotations
@@ -87,6 +88,8 @@ class FileStore:
         self.ttl_s = ttl_s
         self.max_total_bytes = max_total_bytes
         self._clock = clock
+        self._sweeping: asyncio.Task[None] | None = None
+        self._again = False
         for folder in (self.data, self.partial, self.incoming):
             folder.mkdir(parents=True, exist_ok=True, mode=0o700)
 
@@ -107,7 +110,7 @@ class FileStore:
         sidecar = self.data / f"{key}.json.tmp"
         sidecar.write_text(json.dumps(meta))
         os.replace(sidecar, self.data / f"{key}.json")
-        self.sweep()
+        self.sweep_soon()
         return {
             "url": f"/api/files/{token}",
             "name": local.name,
@@ -135,6 +138,36 @@ class FileStore:
         for path in (self.data / f"{key}.json", self.data / key):
             with contextlib.suppress(OSError):
                 path.unlink()
+
+    def sweep_soon(self) -> None:
+        """Enforce the bound right after a publish: one sweep in a worker thread at a
+        time (another follows if files were published meanwhile); inline without a loop."""
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            self.sweep()
+            return
+        if self._sweeping is not None and not self._sweeping.done():
+            self._again = True
+            return
+        self._sweeping = loop.create_task(self._sweep_in_thread())
+
+    async def _sweep_in_thread(self) -> None:
+        while True:
+            self._again = False
+            try:
+                await asyncio.to_thread(self.sweep)
+            except Exception:
+                _log.warning("file sweep failed", exc_info=True)
+            if not self._again:
+                return
+
+    async def aclose(self) -> None:
+        """Wait for a sweep in progress (the service is stopping)."""
+        task = self._sweeping
+        if task is not None and not task.done():
+            with contextlib.suppress(Exception):
+                await task
 
     def sweep(self) -> None:
         """Delete expired files, then the oldest while over the disk bound; stale leftovers."""

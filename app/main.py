@@ -97,6 +97,7 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
     finally:
         watcher.cancel()
         sweeper.cancel()
+        await files.aclose()
         sampler.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await sampler

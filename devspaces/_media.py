@@ -8,6 +8,8 @@ Endpoints, every one counted by the meter (in flight, peak, total) like ``/echo`
   lines of ``text``, so a test can ask for an output of a chosen size;
 * ``/checksum`` — a file in (``gr.File(type="filepath")``), ``"<size> <sha256>"`` of
   its bytes out: what reached the Space after an upload;
+* ``/tone`` — a frequency in, two outputs: one second of a sine wave as WAV audio
+  (``gr.Audio``) and a text label, so a file sits inside a multi-output result;
 * ``/echo`` — the text stand-in's signature (text, delay_s), so that generic tests and
   health probes work against this kind too.
 
@@ -33,6 +35,7 @@ MAX_REPORT_LINES = 200_000
 
 def image_blocks(meter: _Meter, concurrency_limit: int, max_size: int | None) -> gr.Blocks:
     """The Blocks of an image/file stand-in Space."""
+    import numpy
     from PIL import ImageOps
 
     name = meter.name
@@ -77,6 +80,16 @@ def image_blocks(meter: _Meter, concurrency_limit: int, max_size: int | None) ->
         finally:
             meter.leave(started)
 
+    async def tone(frequency: float) -> tuple[tuple[int, Any], str]:
+        _, started = meter.enter()
+        try:
+            rate = 8000
+            t = numpy.arange(rate) / rate
+            wave = (numpy.sin(2 * numpy.pi * float(frequency or 0) * t) * 3000).astype("int16")
+            return (rate, wave), f"{float(frequency or 0):g} Hz"
+        finally:
+            meter.leave(started)
+
     async def echo(text: str, delay_s: float) -> str:
         _, started = meter.enter()
         try:
@@ -93,11 +106,15 @@ def image_blocks(meter: _Meter, concurrency_limit: int, max_size: int | None) ->
         file_out = gr.File(label="report")
         file_in = gr.File(type="filepath", label="file")
         digest = gr.Textbox(label="checksum")
+        frequency = gr.Number(label="frequency", value=440)
+        audio = gr.Audio(type="numpy", format="wav", label="tone")
+        caption = gr.Textbox(label="caption")
         delay = gr.Number(label="delay_s", value=0.0)
         echoed = gr.Textbox(label="output")
         gr.Button("flip").click(flip, image_in, image_out, api_name="flip")
         gr.Button("report").click(report, [text, lines], file_out, api_name="report")
         gr.Button("checksum").click(checksum, file_in, digest, api_name="checksum")
+        gr.Button("tone").click(tone, frequency, [audio, caption], api_name="tone")
         gr.Button("echo").click(echo, [text, delay], echoed, api_name="echo")
     demo.queue(default_concurrency_limit=concurrency_limit, max_size=max_size)
     blocks: gr.Blocks = demo

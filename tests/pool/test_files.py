@@ -94,7 +94,7 @@ async def test_endpoints_are_view_api_cached_per_app_id_and_refreshed_after_a_re
         pool = make_pool(fleet, min_connections=1, max_connections=2)
         first = await pool.endpoints("solo")
         assert first["app_id"] == fleet["solo"].app_id
-        assert set(first["named_endpoints"]) == {"/flip", "/report", "/checksum", "/echo"}
+        assert set(first["named_endpoints"]) == {"/flip", "/report", "/checksum", "/tone", "/echo"}
         configs = fleet["solo"].stats().config_requests
         assert await pool.endpoints("solo") is first  # cached: no new connection, no I/O
         assert fleet["solo"].stats().config_requests == configs

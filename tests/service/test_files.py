@@ -101,6 +101,16 @@ def raw_flip(pic: SpaceProcess, image: bytes, tmp_path: Path) -> bytes:
     return Path(path).read_bytes()
 
 
+def raw_tone(pic: SpaceProcess, frequency: float, tmp_path: Path) -> tuple[bytes, str]:
+    """What a plain gradio_client.Client downloads for /tone: (WAV bytes, caption)."""
+    client = Client(pic.url, verbose=False, download_files=str(tmp_path / "raw"))
+    try:
+        path, caption = client.predict(frequency, api_name="/tone")
+    finally:
+        client.close()
+    return Path(path).read_bytes(), str(caption)
+
+
 def leftovers(directory: Path) -> list[str]:
     """Files still in the upload and partial-download folders."""
     return [
@@ -294,8 +304,12 @@ async def test_the_disk_bound_evicts_the_oldest_files_first(
             response = await client.post("/api/predict", json=body)
             assert response.status_code == 200, response.text
             urls.append(response.json()["result"]["file"]["url"])
-        first, second = [await client.get(url) for url in urls]
-    assert first.status_code == 404
+
+        async def evicted() -> bool:  # the sweep runs in a thread right after the publish
+            return (await client.get(urls[0])).status_code == 404
+
+        await eventually(evicted, 10, "the oldest file evicted")
+        second = await client.get(urls[1])
     assert second.status_code == 200 and len(second.content) == lines * len("pic:b\n")
     data = limits_dir / "data"
     assert sum(p.stat().st_size for p in data.iterdir() if p.suffix != ".json") <= DISK_CAP
@@ -443,3 +457,21 @@ async def test_malformed_multipart_and_file_objects_are_4xx_never_500(
         response = await client.post("/api/predict", data={"body": body}, files=many)
         assert 400 <= response.status_code < 500, response.text
     assert leftovers(files_dir) == []
+
+
+async def test_audio_inside_a_multi_output_result_comes_by_url(
+    service: ServiceProcess, pic: SpaceProcess, tmp_path: Path
+) -> None:
+    """/tone returns (WAV, text): the file inside the list becomes a URL with the raw bytes."""
+    expected, raw_caption = raw_tone(pic, 220, tmp_path)
+    async with service.client() as http:
+        response = await http.post(
+            "/api/predict", json={"space": "pic", "api_name": "/tone", "args": [220]}
+        )
+        assert response.status_code == 200, response.text
+        audio, caption = response.json()["result"]
+        assert caption == raw_caption == "220 Hz"
+        assert audio["file"]["name"] == "audio.wav"
+        got = await http.get(audio["file"]["url"])
+    assert got.content == expected and got.content[:4] == b"RIFF"
+    assert got.headers["content-type"] in ("audio/wav", "audio/x-wav")
