@@ -25,6 +25,7 @@ ends, whatever the outcome: :meth:`Call.cleanup`.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import binascii
 import contextlib
@@ -55,6 +56,7 @@ _KEYS = frozenset({"upload", "b64", "url"})
 _CHUNK = 64 * 1024
 _URL_TIMEOUT = httpx.Timeout(10.0, read=30.0)
 _URL_REDIRECTS = 3
+_URL_TOTAL_S = 60.0  # a server trickling bytes cannot hold the request longer
 
 
 @dataclass
@@ -229,7 +231,10 @@ class _Files:
         filename = safe_name(name or current.path.rsplit("/", 1)[-1])
         target = self._target(filename)
         try:
-            async with httpx.AsyncClient(timeout=_URL_TIMEOUT, trust_env=False) as http:
+            async with (
+                asyncio.timeout(_URL_TOTAL_S),
+                httpx.AsyncClient(timeout=_URL_TIMEOUT, trust_env=False) as http,
+            ):
                 for _ in range(_URL_REDIRECTS + 1):
                     async with http.stream("GET", current) as response:
                         if response.is_redirect and "location" in response.headers:
@@ -246,7 +251,7 @@ class _Files:
                                 self._count_bytes(len(chunk))
                                 out.write(chunk)
                         return file_arg(target, filename)
-        except httpx.HTTPError as exc:
+        except (httpx.HTTPError, TimeoutError) as exc:
             raise InvalidRequest(
                 f"{where}: could not fetch file.url ({type(exc).__name__})"
             ) from None
