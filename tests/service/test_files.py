@@ -19,6 +19,8 @@ from typing import Any
 import httpx
 import pytest
 from gradio_client import Client, handle_file
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from PIL import Image, ImageOps
 
 from devspaces import SpaceFleet, SpaceProcess
@@ -158,7 +160,7 @@ async def test_an_image_round_trips_multipart_in_url_out_with_the_raw_clients_by
 async def test_base64_in_and_inline_out_carry_the_same_bytes(
     service: ServiceProcess, pic: SpaceProcess, files_dir: Path, tmp_path: Path
 ) -> None:
-    """{"file": {"b64"}} in, "files": "inline" out: the b64 decodes to the raw Client's bytes."""
+    """{"file": {"b64"}} in (args or kwargs), "files": "inline" out: the raw Client's bytes."""
     image = png_bytes(10, 10)
     expected = raw_flip(pic, image, tmp_path)
     before = published(files_dir)
@@ -175,6 +177,12 @@ async def test_base64_in_and_inline_out_carry_the_same_bytes(
     assert "url" not in out and out["size"] == len(expected)
     assert base64.b64decode(out["b64"]) == expected
     assert published(files_dir) == before  # inline: nothing kept on disk
+    by_name = {"space": "pic", "api_name": "/checksum",
+               "kwargs": {"path": {"file": {"b64": base64.b64encode(image).decode()}}}}  # fmt: skip
+    async with service.client() as client:
+        response = await client.post("/api/predict", json=by_name)
+    assert response.status_code == 200, response.text
+    assert response.json()["result"] == f"{len(image)} {hashlib.sha256(image).hexdigest()}"
     assert leftovers(files_dir) == []
 
 
@@ -475,3 +483,39 @@ async def test_audio_inside_a_multi_output_result_comes_by_url(
         got = await http.get(audio["file"]["url"])
     assert got.content == expected and got.content[:4] == b"RIFF"
     assert got.headers["content-type"] in ("audio/wav", "audio/x-wav")
+
+
+file_specs = st.dictionaries(
+    st.sampled_from(["upload", "b64", "url", "name", "other"]),
+    st.none() | st.integers() | st.text(max_size=12) | st.sampled_from(["AAAA", "aGk=", "f"]),
+    max_size=3,
+)
+
+
+def test_random_file_objects_never_get_a_500_or_leave_files(
+    service: ServiceProcess, files_dir: Path
+) -> None:
+    """Arbitrary {"file": {...}} objects in args and kwargs, JSON or multipart: no 500."""
+    seen: dict[int, int] = {}
+    with httpx.Client(base_url=service.url, timeout=30) as client:
+
+        @settings(max_examples=60, deadline=None, database=None,
+                  suppress_health_check=list(HealthCheck))  # fmt: skip
+        @given(spec=file_specs, where=st.sampled_from(["args", "kwargs"]), multipart=st.booleans())
+        def run(spec: dict[str, Any], where: str, multipart: bool) -> None:
+            arg = {"file": spec}
+            body: dict[str, Any] = {"space": "pic", "api_name": "/checksum", "timeout_s": 10}
+            body.update({"args": [arg]} if where == "args" else {"kwargs": {"path": arg}})
+            if multipart:
+                response = client.post(
+                    "/api/predict", data={"body": json.dumps(body)}, files={"f": ("f.bin", b"xy")}
+                )
+            else:
+                response = client.post("/api/predict", json=body)
+            seen[response.status_code] = seen.get(response.status_code, 0) + 1
+            assert response.status_code < 500, response.text
+            assert response.status_code in (200, 400, 413, 422), response.text
+
+        run()
+    assert leftovers(files_dir) == []
+    assert 422 in seen, seen
