@@ -110,3 +110,22 @@ async def test_endpoints_are_view_api_cached_per_app_id_and_refreshed_after_a_re
         assert again["named_endpoints"] == first["named_endpoints"]
         with pytest.raises(UnknownSpace):
             await pool.endpoints("nope")
+
+
+def test_a_result_cannot_point_the_download_at_another_origin() -> None:
+    """source_url: a FileData url off the Space's origin is ignored for its /file= path."""
+    from types import SimpleNamespace
+
+    from pool._files import safe_name, source_url
+
+    root = "http://127.0.0.1:7000/gradio_api/"
+    client = SimpleNamespace(src="http://127.0.0.1:7000/", src_prefixed=root)
+    meta = {"_type": "gradio.FileData"}
+    own = {"path": "/tmp/a b.png", "url": root + "file=/tmp/x.png", "meta": meta}
+    assert source_url(client, own) == own["url"]
+    for elsewhere in ("http://169.254.169.254/latest/meta-data", "http://127.0.0.1:7001/x",
+                      "https://127.0.0.1:7000/x", "file:///etc/passwd"):  # fmt: skip
+        data = {"path": "/tmp/a b.png", "url": elsewhere, "meta": meta}
+        assert source_url(client, data) == "http://127.0.0.1:7000/gradio_api/file=/tmp/a%20b.png"
+    assert safe_name("../../etc/passwd") == "passwd"
+    assert safe_name("..") == "file" and safe_name("a\x00b<>.png") == "a_b_.png"
