@@ -519,3 +519,22 @@ def test_random_file_objects_never_get_a_500_or_leave_files(
         run()
     assert leftovers(files_dir) == []
     assert 422 in seen, seen
+
+
+async def test_a_cancelled_jobs_uploads_are_deleted(
+    service: ServiceProcess, files_dir: Path
+) -> None:
+    """DELETE a job that carries an upload: once it is final, its temp files are gone."""
+    body = {"space": "pic", "api_name": "/checksum", "args": [{"file": {"upload": "f"}}]}
+    async with service.client() as client:
+        created = await client.post(
+            "/api/jobs", data={"body": json.dumps(body)}, files={"f": ("a.bin", os.urandom(5000))}
+        )
+        assert created.status_code == 202, created.text
+        cancelled = await client.delete(created.json()["url"])
+    assert cancelled.json()["stage"] in ("cancelled", "done")
+
+    async def clean() -> bool:
+        return leftovers(files_dir) == []
+
+    await eventually(clean, 10, "the cancelled job's uploads deleted")
