@@ -86,32 +86,6 @@ async def test_an_output_over_the_cap_raises_and_leaves_nothing(
     assert stats["inUseConnections"] == 0 and stats["admission"]["globalInUse"] == 0
 
 
-async def test_endpoints_are_view_api_cached_per_app_id_and_refreshed_after_a_restart(
-    make_pool: PoolMaker,
-) -> None:
-    """Pool.endpoints: view_api's dict; cached; a restarted Space (new app_id) is read again."""
-    with SpaceFleet(names=["solo"], kind="image") as fleet:
-        pool = make_pool(fleet, min_connections=1, max_connections=2)
-        first = await pool.endpoints("solo")
-        assert first["app_id"] == fleet["solo"].app_id
-        assert set(first["named_endpoints"]) == {"/flip", "/report", "/checksum", "/tone", "/echo"}
-        configs = fleet["solo"].stats().config_requests
-        assert await pool.endpoints("solo") is first  # cached: no new connection, no I/O
-        assert fleet["solo"].stats().config_requests == configs
-        new_app_id = fleet["solo"].restart()
-        await pool.health_check()
-        deadline = time.monotonic() + 15
-        while pool.spaces["solo"].app_id != new_app_id:
-            assert time.monotonic() < deadline, "the pool did not see the restart"
-            await asyncio.sleep(0.1)  # poll interval
-            await pool.health_check()
-        again = await pool.endpoints("solo")
-        assert again["app_id"] == new_app_id != first["app_id"]
-        assert again["named_endpoints"] == first["named_endpoints"]
-        with pytest.raises(UnknownSpace):
-            await pool.endpoints("nope")
-
-
 def test_a_result_cannot_point_the_download_at_another_origin() -> None:
     """source_url: a FileData url off the Space's origin is ignored for its /file= path."""
     from types import SimpleNamespace
@@ -129,3 +103,30 @@ def test_a_result_cannot_point_the_download_at_another_origin() -> None:
         assert source_url(client, data) == "http://127.0.0.1:7000/gradio_api/file=/tmp/a%20b.png"
     assert safe_name("../../etc/passwd") == "passwd"
     assert safe_name("..") == "file" and safe_name("a\x00b<>.png") == "a_b_.png"
+
+
+async def test_endpoints_are_view_api_cached_per_app_id_and_refreshed_after_a_restart(
+    pics: SpaceFleet, make_pool: PoolMaker
+) -> None:
+    """Pool.endpoints: view_api's dict; cached; a restarted Space (new app_id) is read again.
+
+    Restarts the module's Space: the other tests of this module that use it come first."""
+    pool = make_pool(pics, min_connections=1, max_connections=2)
+    first = await pool.endpoints("pic")
+    assert first["app_id"] == pics["pic"].app_id
+    assert set(first["named_endpoints"]) == {"/flip", "/report", "/checksum", "/tone", "/echo"}
+    configs = pics["pic"].stats().config_requests
+    assert await pool.endpoints("pic") is first  # cached: no new connection, no I/O
+    assert pics["pic"].stats().config_requests == configs
+    new_app_id = pics["pic"].restart()
+    await pool.health_check()
+    deadline = time.monotonic() + 15
+    while pool.spaces["pic"].app_id != new_app_id:
+        assert time.monotonic() < deadline, "the pool did not see the restart"
+        await asyncio.sleep(0.1)  # poll interval
+        await pool.health_check()
+    again = await pool.endpoints("pic")
+    assert again["app_id"] == new_app_id != first["app_id"]
+    assert again["named_endpoints"] == first["named_endpoints"]
+    with pytest.raises(UnknownSpace):
+        await pool.endpoints("nope")

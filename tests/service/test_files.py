@@ -68,8 +68,9 @@ def limits_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def limited(
     start_service: ServiceFactory, fleet: SpaceFleet, pic: SpaceProcess, limits_dir: Path
 ) -> ServiceProcess:
-    """Small caps, 2 s file URLs, URL arguments allowed, an API token."""
+    """Two workers sharing the folder; small caps, 2 s file URLs, URL arguments, a token."""
     return start_service(
+        workers=2,
         POOL_SPACES=_spaces(fleet, pic),
         POOL_FILE_DIR=str(limits_dir),
         POOL_MAX_UPLOAD_BYTES=str(UPLOAD_CAP),
@@ -395,14 +396,11 @@ async def test_file_urls_need_the_api_token_when_one_is_set(limited: ServiceProc
 
 
 async def test_a_file_url_is_served_by_every_worker_of_the_host(
-    start_service: ServiceFactory, fleet: SpaceFleet, pic: SpaceProcess, tmp_path: Path
+    limited: ServiceProcess,
 ) -> None:
     """uvicorn --workers 2 sharing POOL_FILE_DIR: a URL one worker issued, both serve."""
-    service = start_service(
-        workers=2, POOL_SPACES=_spaces(fleet, pic), POOL_FILE_DIR=str(tmp_path / "shared")
-    )
     body = {"space": "pic", "api_name": "/report", "args": ["w", 40]}
-    async with service.client() as client:
+    async with limited.client(**AUTH) as client:
         response = await client.post("/api/predict", json=body)
     assert response.status_code == 200, response.text
     url = response.json()["result"]["file"]["url"]
@@ -410,14 +408,14 @@ async def test_a_file_url_is_served_by_every_worker_of_the_host(
     def pids_of(tag: str) -> set[int]:
         return {
             line["pid"]
-            for line in service.log_lines()
+            for line in limited.log_lines()
             if str(line.get("request_id", "")).startswith(tag) and line.get("status") == 200
         }
 
     rounds = 0
     # As in test_predict: bursts of fresh connections until one burst spans both workers.
     for rounds in range(1, 11):
-        clients = [service.client(**{"X-Request-ID": f"f{rounds}-{i}"}) for i in range(8)]
+        clients = [limited.client(**AUTH, **{"X-Request-ID": f"f{rounds}-{i}"}) for i in range(8)]
         got = await asyncio.gather(*(c.get(url) for c in clients))
         for c in clients:
             await c.aclose()
