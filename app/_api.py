@@ -85,8 +85,11 @@ def file_output(request: Request, body: PredictRequest) -> FileOutput:
 
 
 async def _read(request: Request) -> Call:
+    """The body (JSON or multipart), checked by ``_prepare``, then its files on disk."""
     store: FileStore = request.app.state.files
-    return await read_call(request, _settings(request), store.incoming)
+    return await read_call(
+        request, _settings(request), store.incoming, lambda body: _prepare(request, body)
+    )
 
 
 # The body is read by app._inputs (JSON, or multipart with files): described here.
@@ -153,7 +156,7 @@ async def predict(request: Request) -> PredictResponse:
     call = await _read(request)
     try:
         body = call.body
-        pool = _prepare(request, body)
+        pool = get_pool()
         ctx = context_of(request)
 
         async def admitted(space: str) -> None:
@@ -197,7 +200,6 @@ async def create_job(request: Request, response: Response) -> JobCreated:
     """
     call = await _read(request)
     try:
-        _prepare(request, call.body)
         record = await _runner(request).submit(
             call.body, call, file_output(request, call.body)
         )

@@ -33,6 +33,7 @@ import email.message
 import json
 import secrets
 import shutil
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -103,8 +104,17 @@ def _from_json(raw: bytes | str) -> PredictRequest:
     return _validated(data)
 
 
-async def read_call(request: Request, settings: ServiceSettings, incoming: Path) -> Call:
-    """The request's body and its file arguments; raises the usual 4xx errors."""
+async def read_call(
+    request: Request,
+    settings: ServiceSettings,
+    incoming: Path,
+    check: Callable[[PredictRequest], object] | None = None,
+) -> Call:
+    """The request's body and its file arguments; raises the usual 4xx errors.
+
+    ``check(body)`` runs once the body is valid and before any file is written or
+    fetched, so a request refused anyway (an unknown Space) costs no disk or network.
+    """
     kind, subtype = _media_type(request)
     if (kind, subtype) != ("multipart", "form-data"):
         raw = await request.body()
@@ -113,6 +123,8 @@ async def read_call(request: Request, settings: ServiceSettings, incoming: Path)
             raise RequestValidationError([missing])
         is_json = kind == "application" and (subtype == "json" or subtype.endswith("+json"))
         body = _from_json(raw) if is_json else _validated(raw)
+        if check is not None:
+            check(body)
         return await _materialize(body, {}, settings, incoming)
     form = await request.form(
         max_files=MAX_FILE_PARTS, max_fields=MAX_FORM_FIELDS, max_part_size=settings.max_body_bytes
@@ -126,6 +138,8 @@ async def read_call(request: Request, settings: ServiceSettings, incoming: Path)
             missing = {"type": "missing", "loc": ("body", "body"), "msg": "part 'body' required"}
             raise RequestValidationError([missing])
         body = _from_json(raw_body)
+        if check is not None:
+            check(body)
         uploads: dict[str, UploadFile] = {}
         for name, value in form.multi_items():
             if isinstance(value, UploadFile) and name != "body":

@@ -244,6 +244,12 @@ async def test_bad_file_arguments_are_clear_422s_and_leave_nothing_behind(
                 "args": [{"file": {"b64": good}}, {"file": {"upload": "missing"}}]}  # fmt: skip
         response = await client.post("/api/predict", json=body)
         assert response.status_code == 422
+        for space in ("nope", "pic-unknown"):  # checked before any file is written
+            body = {"space": space, "api_name": "/checksum", "args": [{"file": {"upload": "f"}}]}
+            response = await client.post(
+                "/api/predict", data={"body": json.dumps(body)}, files={"f": ("a", b"x")}
+            )
+            assert response.status_code == 422 and response.json()["error"] == "unknown_space"
         no_body = await client.post("/api/predict", files={"f": ("a", b"x")})
         assert no_body.status_code == 422 and no_body.json()["error"] == "invalid_body"
         bad_json = await client.post(
