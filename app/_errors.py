@@ -47,6 +47,7 @@ _HTTP_CODES = {
     405: "method_not_allowed",
     413: "too_large",
     415: "unsupported_media_type",
+    416: "range_not_satisfiable",
 }
 
 

@@ -46,7 +46,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import IO, Any, Literal
 
-from fastapi import APIRouter, Depends, Request
+from fastapi import APIRouter, Depends, HTTPException, Request
 from fastapi.responses import StreamingResponse
 
 from pool import LocalFile
@@ -288,36 +288,87 @@ def _store(request: Request) -> FileStore:
     response_class=StreamingResponse,
     responses={
         200: {"content": {"application/octet-stream": {}}, "description": "the file"},
+        206: {"description": "the requested byte range"},
         404: {"description": "unknown or expired file URL"},
+        416: {"description": "range not satisfiable"},
     },
     tags=["files"],
 )
 async def get_file(token: str, request: Request) -> StreamingResponse:
-    """An output file, by the URL a result gave; 404 once it expired."""
+    """An output file, by the URL a result gave; 404 once it expired.
+
+    One ``Range: bytes=a-b`` (or ``a-``, ``-n``) is answered 206, so players can seek;
+    an unsatisfiable one is 416; several ranges get the whole file.
+    """
     opened = _store(request).open(token)
     if opened is None:
         raise FileNotFound("no such file here (unknown or expired URL)")
     handle, meta = opened
-    size = os.fstat(handle.fileno()).st_size
+    try:
+        size = os.fstat(handle.fileno()).st_size
+        span = byte_range(request.headers.get("range"), size)
+    except BaseException:
+        handle.close()
+        raise
     name = str(meta.get("name") or "file")
     quoted = urllib.parse.quote(name, safe="")
+    start, end = span or (0, size - 1)
+    headers = {
+        "Content-Length": str(end - start + 1),
+        "Accept-Ranges": "bytes",
+        # Never rendered from our origin (an HTML or SVG output could script it).
+        "Content-Disposition": f"attachment; filename*=UTF-8''{quoted}",
+        "X-Content-Type-Options": "nosniff",
+        "Content-Security-Policy": "sandbox; default-src 'none'",
+        "Cache-Control": "private, no-store",
+    }
+    if span is not None:
+        headers["Content-Range"] = f"bytes {start}-{end}/{size}"
     return StreamingResponse(
-        _read(handle),
+        _read(handle, start, end - start + 1),
+        status_code=206 if span is not None else 200,
         media_type=str(meta.get("mime_type") or "application/octet-stream"),
-        headers={
-            "Content-Length": str(size),
-            # Never rendered from our origin (an HTML or SVG output could script it).
-            "Content-Disposition": f"attachment; filename*=UTF-8''{quoted}",
-            "X-Content-Type-Options": "nosniff",
-            "Content-Security-Policy": "sandbox; default-src 'none'",
-            "Cache-Control": "private, no-store",
-        },
+        headers=headers,
     )
 
 
-async def _read(handle: IO[bytes]) -> AsyncIterator[bytes]:
+_RANGE = re.compile(r"^bytes=(\d*)-(\d*)$")
+
+
+def byte_range(header: str | None, size: int) -> tuple[int, int] | None:
+    """The (first, last) byte of a single-range ``Range`` header; None: the whole file.
+
+    Raises a 416 (with ``Content-Range: bytes */size``) when it cannot be satisfied.
+    """
+    if not header:
+        return None
+    match = _RANGE.fullmatch(header.strip().replace(" ", ""))
+    if match is None:
+        return None  # several ranges or another unit: the whole file (RFC 9110 allows it)
+    first, last = match.groups()
+    if not first and not last:
+        return None
+    if not first:  # the last n bytes
+        length = min(int(last[:19]), size)
+        if length == 0:
+            raise _unsatisfiable(size)
+        return size - length, size - 1
+    start = int(first[:19])
+    end = min(int(last[:19]), size - 1) if last else size - 1
+    if start >= size or end < start:
+        raise _unsatisfiable(size)
+    return start, end
+
+
+def _unsatisfiable(size: int) -> HTTPException:
+    return HTTPException(416, "range not satisfiable", headers={"Content-Range": f"bytes */{size}"})
+
+
+async def _read(handle: IO[bytes], start: int, length: int) -> AsyncIterator[bytes]:
     try:
-        while chunk := handle.read(_CHUNK):
+        handle.seek(start)
+        while length > 0 and (chunk := handle.read(min(_CHUNK, length))):
+            length -= len(chunk)
             yield chunk
     finally:
         handle.close()

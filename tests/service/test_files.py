@@ -542,3 +542,24 @@ async def test_a_cancelled_jobs_uploads_are_deleted(
         return leftovers(files_dir) == []
 
     await eventually(clean, 10, "the cancelled job's uploads deleted")
+
+
+async def test_a_file_url_answers_byte_ranges(service: ServiceProcess) -> None:
+    """Range: one range is 206 with Content-Range, a suffix too; past the end 416; several: 200."""
+    body = {"space": "pic", "api_name": "/report", "args": ["r", 50]}
+    async with service.client() as client:
+        url = (await client.post("/api/predict", json=body)).json()["result"]["file"]["url"]
+        whole = (await client.get(url)).content
+        assert whole == b"pic:r\n" * 50
+        part = await client.get(url, headers={"Range": "bytes=6-13"})
+        assert part.status_code == 206 and part.content == whole[6:14]
+        assert part.headers["content-range"] == f"bytes 6-13/{len(whole)}"
+        tail = await client.get(url, headers={"Range": "bytes=-4"})
+        assert tail.status_code == 206 and tail.content == whole[-4:]
+        rest = await client.get(url, headers={"Range": "bytes=290-"})
+        assert rest.status_code == 206 and rest.content == whole[290:]
+        beyond = await client.get(url, headers={"Range": f"bytes={len(whole)}-"})
+        assert beyond.status_code == 416
+        assert beyond.headers["content-range"] == f"bytes */{len(whole)}"
+        several = await client.get(url, headers={"Range": "bytes=0-1,4-5"})
+        assert several.status_code == 200 and several.content == whole
