@@ -22,6 +22,8 @@ from pool import Pool, UnknownSpace, get_pool
 from . import _metrics
 from ._auth import require_admin_token, require_api_token
 from ._errors import JobNotFound
+from ._files import FileOutput, FileStore
+from ._inputs import Call, read_call
 from ._jobs import JobRunner
 from ._logging import context_of
 from ._schemas import (
@@ -75,6 +77,46 @@ def _prepare(request: Request, body: PredictRequest) -> Pool:
     return pool
 
 
+def file_output(request: Request, body: PredictRequest) -> FileOutput:
+    """How this request's output files are rendered (URL, or inline when small)."""
+    store: FileStore = request.app.state.files
+    limit = _settings(request).file_inline_max_bytes
+    return FileOutput(store, body.files, limit)
+
+
+async def _read(request: Request) -> Call:
+    """The body (JSON or multipart), checked by ``_prepare``, then its files on disk."""
+    store: FileStore = request.app.state.files
+    return await read_call(
+        request, _settings(request), store.incoming, lambda body: _prepare(request, body)
+    )
+
+
+# The body is read by app._inputs (JSON, or multipart with files): described here.
+_BODY_DOC: dict[str, Any] = {
+    "requestBody": {
+        "required": True,
+        "content": {
+            "application/json": {"schema": PredictRequest.model_json_schema()},
+            "multipart/form-data": {
+                "schema": {
+                    "type": "object",
+                    "required": ["body"],
+                    "properties": {
+                        "body": {
+                            "type": "string",
+                            "description": "the JSON body; file arguments refer to parts"
+                            ' as {"file": {"upload": "<part name>"}}',
+                        }
+                    },
+                    "additionalProperties": {"type": "string", "format": "binary"},
+                }
+            },
+        },
+    }
+}
+
+
 @router.get("/healthz", tags=["service"])
 async def healthz() -> dict[str, str]:
     """Liveness: the process answers. Does not contact any Space."""
@@ -87,34 +129,56 @@ async def index() -> dict[str, Any]:
     return {
         "service": "spacepool",
         "docs": "/docs",
-        "endpoints": ["/api/predict", "/api/jobs", "/api/admin/pool-stats", "/metrics"],
+        "endpoints": [
+            "/api/predict",
+            "/api/jobs",
+            "/api/spaces",
+            "/api/admin/pool-stats",
+            "/metrics",
+        ],
     }
 
 
-@api.post("/api/predict", response_model=PredictResponse, responses=_ERRORS, tags=["predict"])
-async def predict(body: PredictRequest, request: Request) -> PredictResponse:
-    """Run one predict on a pooled connection and return its result."""
+@api.post(
+    "/api/predict",
+    response_model=PredictResponse,
+    responses=_ERRORS,
+    tags=["predict"],
+    openapi_extra=_BODY_DOC,
+)
+async def predict(request: Request) -> PredictResponse:
+    """Run one predict on a pooled connection and return its result.
+
+    JSON, or multipart with file parts (``{"file": {"upload": ...}}`` arguments);
+    output files come back as ``{"file": {"url": "/api/files/...", ...}}``.
+    """
     settings = _settings(request)
-    pool = _prepare(request, body)
-    ctx = context_of(request)
+    call = await _read(request)
+    try:
+        body = call.body
+        pool = get_pool()
+        ctx = context_of(request)
 
-    async def admitted(space: str) -> None:
-        ctx.space = space
+        async def admitted(space: str) -> None:
+            ctx.space = space
 
-    done = await pool.predict(
-        body.api_name,
-        *body.args,
-        email=body.email,
-        space=body.space,
-        kwargs=body.kwargs,
-        timeout=body.timeout_s or settings.predict_timeout_s,
-        safe_to_retry=body.safe_to_retry,
-        on_admitted=admitted,
-    )
+        done = await pool.predict(
+            body.api_name,
+            *call.args,
+            email=body.email,
+            space=body.space,
+            kwargs=call.kwargs,
+            timeout=body.timeout_s or settings.predict_timeout_s,
+            safe_to_retry=body.safe_to_retry,
+            on_admitted=admitted,
+            download_to=request.app.state.files.partial,
+        )
+    finally:
+        call.cleanup()
     ctx.space, ctx.queued_ms = done.space, done.queued_ms
     return PredictResponse(
         space=done.space,
-        result=to_jsonable(done.result),
+        result=to_jsonable(done.result, file_output(request, body).render),
         queued_ms=done.queued_ms,
         duration_ms=done.duration_ms,
         attempts=done.attempts,
@@ -127,11 +191,21 @@ async def predict(body: PredictRequest, request: Request) -> PredictResponse:
     response_model=JobCreated,
     responses=_ERRORS,
     tags=["jobs"],
+    openapi_extra=_BODY_DOC,
 )
-async def create_job(body: PredictRequest, request: Request, response: Response) -> JobCreated:
-    """Start a predict in the background; follow it with GET or its SSE events."""
-    _prepare(request, body)
-    record = await _runner(request).submit(body)
+async def create_job(request: Request, response: Response) -> JobCreated:
+    """Start a predict in the background; follow it with GET or its SSE events.
+
+    The same bodies as ``/api/predict``; uploaded files live until the job ends.
+    """
+    call = await _read(request)
+    try:
+        record = await _runner(request).submit(
+            call.body, call, file_output(request, call.body)
+        )
+    except BaseException:
+        call.cleanup()
+        raise
     url = f"/api/jobs/{record.job_id}"
     response.headers["Location"] = url
     return JobCreated(job_id=record.job_id, stage="queued", url=url, events_url=f"{url}/events")

@@ -48,6 +48,7 @@ _HTTP_CODES = {
     405: "method_not_allowed",
     413: "too_large",
     415: "unsupported_media_type",
+    416: "range_not_satisfiable",
 }
 
 
@@ -66,6 +67,14 @@ class AuthError(ServiceError):
 
 class JobNotFound(ServiceError):
     """No such job here (never created, expired, or created by another worker)."""
+
+
+class FileNotFound(ServiceError):
+    """No such file URL here (never issued, expired, evicted, or not a token at all)."""
+
+
+class UploadTooLarge(ServiceError):
+    """The files of one request are larger than ``POOL_MAX_UPLOAD_BYTES``."""
 
 
 class JobsFull(ServiceError):
@@ -148,6 +157,10 @@ def describe(exc: BaseException) -> Problem:
         return Problem(exc.status, body, exc.code, {"WWW-Authenticate": "Bearer"})
     if isinstance(exc, JobNotFound):
         return Problem(404, {"error": "job_not_found", "message": str(exc)}, "job_not_found")
+    if isinstance(exc, FileNotFound):
+        return Problem(404, {"error": "file_not_found", "message": str(exc)}, "file_not_found")
+    if isinstance(exc, UploadTooLarge):
+        return Problem(413, {"error": "too_large", "message": str(exc)}, "too_large")
     if isinstance(exc, JobsFull):
         retry = _retry_after(exc.retry_after_s)
         body = {

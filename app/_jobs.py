@@ -43,6 +43,8 @@ from typing import Any, Protocol
 from pool import WaitTicket, get_pool
 
 from ._errors import JobsFull, describe
+from ._files import FileOutput
+from ._inputs import Call
 from ._schemas import FINAL_STAGES, PredictRequest, to_jsonable
 from ._settings import ServiceSettings
 
@@ -251,13 +253,20 @@ class JobRunner:
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._closing = False
 
-    async def submit(self, body: PredictRequest) -> JobRecord:
-        """Record the job as queued and start its task; returns at once."""
+    async def submit(
+        self, body: PredictRequest, call: Call | None = None, files: FileOutput | None = None
+    ) -> JobRecord:
+        """Record the job as queued and start its task; returns at once.
+
+        ``call``: the body's arguments with file arguments on disk (deleted when the
+        job ends); ``files``: where output files go and how they are rendered.
+        """
         now = time.time()
         record = JobRecord(secrets.token_urlsafe(16), "queued", created_at=now, updated_at=now)
         await self.store.add(record)
+        call = call or Call(body, body.args, body.kwargs)
         task = asyncio.get_running_loop().create_task(
-            self._run(record.job_id, body), name=f"job-{record.job_id[:8]}"
+            self._run(record.job_id, body, call, files), name=f"job-{record.job_id[:8]}"
         )
         self._tasks[record.job_id] = task
         task.add_done_callback(lambda _: self._tasks.pop(record.job_id, None))
@@ -310,7 +319,17 @@ class JobRunner:
         if tasks:
             await asyncio.wait(tasks, timeout=10.0)
 
-    async def _run(self, job_id: str, body: PredictRequest) -> None:
+    async def _run(
+        self, job_id: str, body: PredictRequest, call: Call, files: FileOutput | None
+    ) -> None:
+        try:
+            await self._run_call(job_id, body, call, files)
+        finally:
+            call.cleanup()
+
+    async def _run_call(
+        self, job_id: str, body: PredictRequest, call: Call, files: FileOutput | None
+    ) -> None:
         s = self.settings
         started = time.monotonic()
         timeout = body.timeout_s or s.job_timeout_s
@@ -333,23 +352,25 @@ class JobRunner:
             try:
                 done = await pool.predict(
                     body.api_name,
-                    *body.args,
+                    *call.args,
                     email=body.email,
                     space=body.space,
-                    kwargs=body.kwargs,
+                    kwargs=call.kwargs,
                     timeout=timeout,
                     queue_timeout_s=min(s.job_queue_timeout_s, timeout),
                     safe_to_retry=body.safe_to_retry,
                     ticket=ticket,
                     on_admitted=admitted,
+                    download_to=files.store.partial if files is not None else None,
                 )
             finally:
                 follower.cancel()
+                call.cleanup()  # the Space has the files by now
             await self.store.update(
                 job_id,
                 stage="done",
                 space=done.space,
-                result=to_jsonable(done.result),
+                result=to_jsonable(done.result, files.render if files is not None else None),
                 duration_ms=done.duration_ms,
             )
         except asyncio.CancelledError:

@@ -3,7 +3,8 @@
 A pure ASGI wrapper around ``receive`` (no buffering, no ``BaseHTTPMiddleware``):
 a body announced or streamed past the cap raises :class:`PayloadTooLarge` from the
 ``receive`` call inside the handler's body parsing, so the one error mapping in
-:mod:`app._errors` answers it (413) like any other error.
+:mod:`app._errors` answers it (413) like any other error. A multipart body (files)
+has its own cap: ``POOL_MAX_BODY_BYTES`` plus ``POOL_MAX_UPLOAD_BYTES``.
 """
 
 from __future__ import annotations
@@ -25,15 +26,16 @@ class PayloadTooLarge(HTTPException):
 class BodySizeLimit:
     """Refuse (413) bodies above ``max_bytes``, whether announced or streamed."""
 
-    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+    def __init__(self, app: ASGIApp, max_bytes: int, multipart_max_bytes: int = 0) -> None:
         self.app = app
         self.max_bytes = max_bytes
+        self.multipart_max_bytes = max(max_bytes, multipart_max_bytes)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope.get("method") not in _BODY_METHODS:
             await self.app(scope, receive, send)
             return
-        limit = self.max_bytes
+        limit = self.multipart_max_bytes if _is_multipart(scope) else self.max_bytes
         announced = _content_length(scope)
         received = 0
 
@@ -49,6 +51,13 @@ class BodySizeLimit:
             return message
 
         await self.app(scope, limited_receive, send)
+
+
+def _is_multipart(scope: Scope) -> bool:
+    for name, value in scope.get("headers", ()):
+        if name == b"content-type":
+            return bool(value.lower().lstrip().startswith(b"multipart/"))
+    return False
 
 
 def _content_length(scope: Scope) -> int | None:

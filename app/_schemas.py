@@ -12,9 +12,12 @@ from __future__ import annotations
 import json
 import math
 import re
+from collections.abc import Callable
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from pool import LocalFile
 
 from ._settings import MAX_TIMEOUT_S
 
@@ -32,6 +35,22 @@ API_NAME_PATTERN = r"^/?[A-Za-z_][A-Za-z0-9_.-]{0,127}$"
 SPACE_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$"
 EMAIL_PATTERN = r"^[^@\s]{1,64}@[^@\s]{1,189}$"
 KWARG_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]{0,63}$"
+
+
+def is_file_form(value: Any) -> bool:
+    """A file argument: ``{"file": {...}}`` and nothing else (see app._inputs)."""
+    return isinstance(value, dict) and len(value) == 1 and isinstance(value.get("file"), dict)
+
+
+def _without_b64(value: Any) -> Any:
+    """``value`` with the base64 of file arguments left out (bounded elsewhere)."""
+    if is_file_form(value):
+        return {"file": {k: v for k, v in value["file"].items() if k != "b64"}}
+    if isinstance(value, dict):
+        return {k: _without_b64(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_without_b64(v) for v in value]
+    return value
 
 
 def json_problem(value: Any) -> str | None:
@@ -86,6 +105,11 @@ class PredictRequest(BaseModel):
         description="the call is idempotent: retry it even after the Space accepted it"
         " (calls the Space never accepted are retried anyway)",
     )
+    files: Literal["url", "inline"] = Field(
+        default="url",
+        description="output files as a URL under /api/files/ (default), or inline base64"
+        " when at most POOL_FILE_INLINE_MAX_BYTES",
+    )
 
     @field_validator("api_name")
     @classmethod
@@ -107,7 +131,9 @@ class PredictRequest(BaseModel):
         problem = json_problem(self.args) or json_problem(self.kwargs)
         if problem:
             raise ValueError(f"args/kwargs: {problem}")
-        size = len(json.dumps([self.args, self.kwargs], ensure_ascii=False).encode())
+        # The base64 of file arguments is bounded by POOL_MAX_UPLOAD_BYTES instead.
+        shape = _without_b64([self.args, self.kwargs])
+        size = len(json.dumps(shape, ensure_ascii=False).encode())
         if size > MAX_PAYLOAD_BYTES:
             raise ValueError(f"args/kwargs: {size} bytes, more than {MAX_PAYLOAD_BYTES}")
         return self
@@ -159,30 +185,41 @@ class ErrorBody(BaseModel):
     request_id: str | None = None
 
 
-def to_jsonable(value: Any) -> Any:
+FileRenderer = Callable[[LocalFile], Any]
+
+
+def to_jsonable(value: Any, files: FileRenderer | None = None) -> Any:
     """``value`` as plain JSON (a Space's output is usually JSON already).
 
-    Non-finite floats become None and unknown objects their ``str``; never raises.
+    The one conversion every output path uses. A downloaded output file
+    (:class:`pool.LocalFile`) becomes ``files(it)`` — ``{"file": {"url", …}}`` or
+    inline base64 (:class:`app._files.FileOutput`) — or, without ``files``, its name,
+    size and type only (never a path of this host). Non-finite floats become None and
+    unknown objects their ``str``; never raises.
     """
     try:
         json.dumps(value, allow_nan=False)
         return value
     except (TypeError, ValueError, RecursionError):
         pass
-    return _convert(value, 0)
+    return _convert(value, 0, files)
 
 
-def _convert(value: Any, depth: int) -> Any:
+def _convert(value: Any, depth: int, files: FileRenderer | None = None) -> Any:
     if depth > 64:
         return None
+    if isinstance(value, LocalFile):
+        if files is not None:
+            return files(value)
+        return {"file": {"name": value.name, "size": value.size, "mime_type": value.mime_type}}
     if value is None or isinstance(value, (bool, int, str)):
         return value
     if isinstance(value, float):
         return value if math.isfinite(value) else None
     if isinstance(value, dict):
-        return {str(k): _convert(v, depth + 1) for k, v in value.items()}
+        return {str(k): _convert(v, depth + 1, files) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        return [_convert(v, depth + 1) for v in value]
+        return [_convert(v, depth + 1, files) for v in value]
     try:
         return str(value)
     except Exception:

@@ -7,11 +7,19 @@ big a request may be, default deadlines, and how long finished jobs are kept.
 
 from __future__ import annotations
 
+import os
+import tempfile
+
 from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 MAX_TIMEOUT_S = 3600.0
 """The longest deadline a caller may ask for (``timeout_s``)."""
+
+
+def _default_file_dir() -> str:
+    # Beside the default SQLite coordinator: every worker on the host shares it.
+    return os.path.join(tempfile.gettempdir(), "spacepool", "files")
 
 
 class ServiceSettings(BaseSettings):
@@ -39,6 +47,22 @@ class ServiceSettings(BaseSettings):
     )
     job_max: int = Field(default=10_000, ge=1, description="jobs kept at once (any stage)")
     max_body_bytes: int = Field(default=1_048_576, ge=1024, description="largest request body")
+    max_upload_bytes: int = Field(
+        default=10 * 1024 * 1024, ge=1, description="files sent with one request, in all"
+    )
+    allow_file_urls: bool = Field(
+        default=False, description='fetch {"file": {"url": ...}} arguments; off: 422 (no SSRF)'
+    )
+    file_dir: str = Field(
+        default_factory=_default_file_dir, description="download folder of output files"
+    )
+    file_ttl_s: float = Field(default=3600.0, gt=0, description="file URLs expire after this")
+    file_max_total_bytes: int = Field(
+        default=1024**3, ge=1, description="disk used by output files; oldest evicted first"
+    )
+    file_inline_max_bytes: int = Field(
+        default=256 * 1024, ge=0, description='largest file sent inline ("files": "inline")'
+    )
 
     @field_validator("admin_token", "api_token", mode="before")
     @classmethod

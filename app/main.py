@@ -14,6 +14,9 @@ Behind this module, one concept each:
 * :mod:`app._errors` — every error mapped to a status code, in one place;
 * :mod:`app._auth` — bearer tokens; :mod:`app._schemas` — bodies and limits;
 * :mod:`app._jobs` — background jobs behind a small store interface;
+* :mod:`app._inputs` — request bodies, JSON or multipart, and file arguments;
+* :mod:`app._files` — output files: the download folder, ``/api/files/{token}``;
+* :mod:`app._spaces` — discovery: ``/api/spaces``, ``/api/spaces/{name}/api``;
 * :mod:`app._metrics` — Prometheus; :mod:`app._logging` — JSON access log;
 * :mod:`app._limits` — request body size cap; :mod:`app._settings` — the knobs;
 * :mod:`app._dashboard` — ``GET /admin``, the page; :mod:`app._history` — the rolling
@@ -35,6 +38,8 @@ from pool import get_pool
 from . import _errors
 from ._api import router
 from ._dashboard import router as dashboard_router
+from ._files import FileStore, run_sweeper
+from ._files import router as files_router
 from ._history import Activity, run_sampler
 from ._jobs import JobRunner, JobStore, MemoryJobStore
 from ._limits import BodySizeLimit
@@ -42,6 +47,7 @@ from ._logging import AccessLog, configure_logging
 from ._metrics import on_pool_event
 from ._settings import ServiceSettings
 from ._shared_jobs import SharedJobStore
+from ._spaces import router as spaces_router
 
 _log = logging.getLogger("spacepool.app")
 
@@ -73,6 +79,13 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
     runner = JobRunner(store, settings)
     watcher = asyncio.get_running_loop().create_task(runner.watch_cancellations())
     app.state.jobs = runner
+    files = FileStore(
+        settings.file_dir,
+        ttl_s=settings.file_ttl_s,
+        max_total_bytes=settings.file_max_total_bytes,
+    )
+    app.state.files = files
+    sweeper = asyncio.get_running_loop().create_task(run_sweeper(files))
     _log.info(
         "serving %d Space(s): %s; admission store %s",
         len(pool.spaces),
@@ -83,6 +96,8 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
         yield
     finally:
         watcher.cancel()
+        sweeper.cancel()
+        await files.aclose()
         sampler.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await sampler
@@ -111,9 +126,15 @@ def create_app(settings: ServiceSettings | None = None) -> FastAPI:
     )
     app.state.settings = settings
     _errors.install(app)
-    app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
+    app.add_middleware(
+        BodySizeLimit,
+        max_bytes=settings.max_body_bytes,
+        multipart_max_bytes=settings.max_body_bytes + settings.max_upload_bytes,
+    )
     app.add_middleware(AccessLog, internal_error=_errors.internal_error)  # outermost
     app.include_router(router)
+    app.include_router(files_router)
+    app.include_router(spaces_router)
     app.include_router(dashboard_router)
     return app
 

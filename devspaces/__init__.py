@@ -5,12 +5,15 @@ reachable from CI, so these stand-ins play the Spaces: each is a genuine Gradio 
 (queue, sessions, ``gr.State``, ``gr.Error``, the same routes gradio_client uses),
 served by uvicorn in a child process on a free loopback port.
 
-Each stand-in offers three API endpoints, ``/echo`` (text, delay_s), ``/state`` (value)
-and ``/fail`` (text), measures itself (calls in flight, peak concurrency, total calls,
-``GET /config`` requests, i.e. Clients constructed) at ``GET /_stand_in/stats``, and can
-be told at run time to answer slowly, refuse queue joins with 503, hang, or raise
-(``POST /_stand_in/control``). ``SpaceProcess.kill``/``restart`` play a crashed or
-restarted Space (a restart brings a new ``app_id``).
+Each stand-in of the default kind ("echo") offers three API endpoints, ``/echo`` (text,
+delay_s), ``/state`` (value) and ``/fail`` (text); ``kind="image"`` is a file-based Space
+(``/flip`` image in/out, ``/report`` a generated file, ``/checksum`` a file in, ``/tone``
+WAV audio, and ``/echo``; :mod:`devspaces._media`). Every one measures itself (calls in
+flight, peak concurrency, total calls, ``GET /config`` requests, i.e. Clients
+constructed) at ``GET /_stand_in/stats``, and can be told at run time to answer slowly,
+refuse queue joins with 503, hang, or raise (``POST /_stand_in/control``).
+``SpaceProcess.kill``/``restart`` play a crashed or restarted Space (a restart brings a
+new ``app_id``).
 
     with SpaceFleet(3) as fleet:           # alpha, beta, gamma
         os.environ["POOL_SPACES"] = fleet.pool_spaces_env()

@@ -162,6 +162,7 @@ class _Misbehave:
 # import this one (for _Meter). "echo" is the text stand-in every older test uses.
 KINDS: dict[str, str] = {
     "echo": "devspaces._app:echo_blocks",
+    "image": "devspaces._media:image_blocks",
 }
 
 

@@ -9,6 +9,9 @@
     done = await get_pool().predict("/predict", "hello", 0, email="alice@example.com")
     done.space, done.result           # with retries, failover, breakers, one deadline
 
+    done = await get_pool().predict("/flip", file_arg("cat.png"), download_to="out/")
+    done.result.path, done.result.name    # a file output, fetched while the slot was held
+
     stats = await get_pool().stats()      # the pool-stats dict
     await get_pool().aclose()             # close every connection
 
@@ -38,8 +41,10 @@ from ._exceptions import (
     UnknownSpace,
     UpstreamAppError,
     UpstreamError,
+    UpstreamFileError,
     UpstreamTransportError,
 )
+from ._files import LocalFile, file_arg, is_file_data
 from ._guard import check_outbound
 from ._handle import PooledClient, PooledJob
 from ._pool import Pool, Prediction
@@ -88,6 +93,7 @@ __all__ = [
     "Hook",
     "InvalidRequest",
     "LeaseLost",
+    "LocalFile",
     "MisuseError",
     "NoHealthySpaceError",
     "Pool",
@@ -104,11 +110,14 @@ __all__ = [
     "UnknownSpace",
     "UpstreamAppError",
     "UpstreamError",
+    "UpstreamFileError",
     "UpstreamTransportError",
     "WaitTicket",
     "check_outbound",
+    "file_arg",
     "get_client",
     "get_pool",
+    "is_file_data",
     "parse_space",
     "parse_spaces",
     "set_pool",

@@ -23,9 +23,11 @@ gradio_client, httpx and huggingface_hub are mapped to it at the boundary
     │   └── UnknownSpace          a Space name that is not configured (lists the ones that are)
     ├── UpstreamError             the Space failed to serve a valid request
     │   ├── UpstreamAppError      the app itself raised (gr.Error, exception in the fn)
-    │   └── UpstreamTransportError  connection refused/dropped, timeout, 5xx, queue full
-    │                             (``kind`` tells which; these count as provider failures;
-    │                             ``before_accept``: the Space never took the request)
+    │   ├── UpstreamTransportError  connection refused/dropped, timeout, 5xx, queue full
+    │   │                         (``kind`` tells which; these count as provider failures;
+    │   │                         ``before_accept``: the Space never took the request)
+    │   └── UpstreamFileError     an output file could not be fetched, or is larger than
+    │                             allowed (``kind``: file_fetch, file_too_large)
     └── MisuseError               programming errors: handle used after release, lease
         │                         released twice or by a non-owner, pool closed
         └── PoolClosedError
@@ -160,6 +162,14 @@ class UpstreamTransportError(UpstreamError):
         super().__init__(message)
         self.kind = kind
         self.before_accept = before_accept
+
+
+class UpstreamFileError(UpstreamError):
+    """An output file could not be fetched from the Space, or is too large to take."""
+
+    def __init__(self, message: str, *, kind: str = "file_fetch") -> None:
+        super().__init__(message)
+        self.kind = kind
 
 
 class MisuseError(PoolError):

@@ -18,11 +18,15 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import os
 import time
 from collections.abc import Callable
 from concurrent.futures import Executor
 from typing import Any
 
+import httpx
+
+from . import _files
 from ._connection import Connection
 from ._errors import Classified, classify
 from ._exceptions import (
@@ -141,10 +145,14 @@ class PooledClient:
         *,
         guard: bool = False,
         lease: Lease | None = None,
+        http: httpx.AsyncClient | None = None,
+        file_max_bytes: int = 50 * 1024 * 1024,
     ) -> None:
         self._conn: Connection | None = conn
         self._lease = lease
         self._fenced: asyncio.Future[None] | None = None
+        self._http = http
+        self.file_max_bytes = file_max_bytes
         self._executor = executor
         self._guard = guard
         self.space = space
@@ -220,6 +228,48 @@ class PooledClient:
             job._cancel_in_background()
         if self._fenced is not None and not self._fenced.done():
             self._fenced.set_result(None)
+
+    async def download(
+        self,
+        value: Any,
+        directory: str | os.PathLike[str],
+        *,
+        max_bytes: int | None = None,
+        timeout: float | None = None,
+    ) -> Any:
+        """``value`` (a result) with every Gradio FileData in it downloaded into
+        ``directory`` and replaced by a :class:`~pool.LocalFile`.
+
+        Through this connection's headers and cookies; each file at most ``max_bytes``
+        (default ``POOL_FILE_MAX_BYTES``), all of them within ``timeout`` seconds
+        (:class:`~pool.DeadlineExceeded`). On any failure the files already fetched
+        are deleted. Raises :class:`~pool.UpstreamFileError`.
+        """
+        found = _files.files_in(value)
+        if not found:
+            return value
+        conn = self._live()
+        limit = self.file_max_bytes if max_bytes is None else max_bytes
+        fetched: dict[int, _files.LocalFile] = {}
+        own_http = self._http is None
+        http = self._http or httpx.AsyncClient()
+        try:
+            async with asyncio.timeout(timeout):
+                for data in found:
+                    if id(data) not in fetched:
+                        fetched[id(data)] = await _files.fetch(
+                            http, conn.client, data, directory, max_bytes=limit
+                        )
+        except BaseException as exc:
+            for local in fetched.values():
+                local.path.unlink(missing_ok=True)
+            if isinstance(exc, TimeoutError):
+                raise DeadlineExceeded("the deadline passed while fetching output files") from None
+            raise
+        finally:
+            if own_http:
+                await http.aclose()
+        return _files.replace_files(value, lambda data: fetched[id(data)])
 
     def _failed(self, classified: Classified) -> None:
         if classified.discard_connection:

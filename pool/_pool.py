@@ -27,6 +27,7 @@ import asyncio
 import contextlib
 import functools
 import logging
+import os
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
@@ -172,6 +173,7 @@ class Pool:
         self.last_health_check: datetime | None = None
         self._last_health_at = 0.0
         self._process_id = new_id()
+        self._api_info: dict[str, tuple[object, dict[str, Any]]] = {}  # name → (app_id, info)
 
     # -- lifecycle ------------------------------------------------------------------------
     async def start(self) -> None:
@@ -307,8 +309,14 @@ class Pool:
             self.settings.secret_guard == "auto" and sp.spec.is_hub
         )
         handle = PooledClient(
-            conn, sp.name, lambda c: self._on_failure(sp, c), self._executor, guard=guard,
+            conn,
+            sp.name,
+            lambda c: self._on_failure(sp, c),
+            self._executor,
+            guard=guard,
             lease=lease,
+            http=self._http,
+            file_max_bytes=self.settings.file_max_bytes,
         )
         lease.on_lost(functools.partial(self._lease_lost, sp.name, handle))
         try:
@@ -343,6 +351,7 @@ class Pool:
         safe_to_retry: bool = False,
         ticket: WaitTicket | None = None,
         on_admitted: Callable[[str], Awaitable[None]] | None = None,
+        download_to: str | os.PathLike[str] | None = None,
     ) -> Prediction:
         """One predict with the pool's retry policy, failover and deadline.
 
@@ -351,6 +360,10 @@ class Pool:
         repeating it is harmless. ``timeout`` bounds the whole call, queueing and
         retries included: on expiry the upstream job is cancelled and
         :class:`DeadlineExceeded` raised. ``on_admitted(space)`` runs once a slot is held.
+        ``download_to``: a folder; every file in the result is fetched into it while the
+        slot is still held and appears in ``result`` as a :class:`~pool.LocalFile`
+        (each at most ``POOL_FILE_MAX_BYTES``, all within ``POOL_FILE_TIMEOUT_S`` and
+        the deadline).
         """
         started = self._clock()
         deadline = None if timeout is None else started + timeout
@@ -385,6 +398,11 @@ class Pool:
                     result = await handle.predict(
                         *args, api_name=api_name, timeout=left, **(kwargs or {})
                     )
+                    if download_to is not None:
+                        left = self.settings.file_timeout_s
+                        if deadline is not None:
+                            left = min(left, deadline - self._clock())
+                        result = await handle.download(result, download_to, timeout=left)
                     return Prediction(
                         space=served,
                         result=result,
@@ -618,6 +636,35 @@ class Pool:
         if kind in ("connect", "dropped") and not self.board.get(sp.name).waking(self._wall()):
             sp.mark_down(kind, _SPACE_COOLDOWN_S)
             emit(self.hooks, PoolEvent("failover", sp.name, kind))
+
+    async def endpoints(self, space: str) -> dict[str, Any]:
+        """The Space's API as ``Client.view_api(return_format="dict")`` gives it, plus
+        ``app_id``; cached per Space until its ``app_id`` changes (a restart).
+
+        Read from a live pooled connection (no network: gradio_client fetched it when
+        the connection opened); if the Space has none yet, one is opened. Takes no
+        admission slot: it runs nothing on the Space.
+        """
+        await self.start()
+        sp = self.spaces.get(space)
+        if sp is None:
+            raise UnknownSpace(space, list(self.spaces))
+        cached = self._api_info.get(space)
+        if cached is not None and sp.app_id is not None and cached[0] == sp.app_id:
+            return cached[1]
+        conn = sp.current_connection()
+        leased = None
+        if conn is None:
+            leased = conn = await sp.checkout()
+        try:
+            info = conn.client.view_api(return_format="dict", print_info=False)
+            app_id = conn.app_id
+        finally:
+            if leased is not None:
+                sp.checkin(leased, discard=False)
+        described = {"space": space, "app_id": app_id, **info}
+        self._api_info[space] = (app_id, described)
+        return described
 
     # -- maintenance and statistics (pool/_upkeep.py, pool/_stats.py) -----------------------
     async def _maintain(self) -> None:

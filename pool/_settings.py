@@ -53,6 +53,12 @@ class PoolSettings(BaseSettings):
     secret_guard: Literal["auto", "on", "off"] = Field(
         default="auto", description="refuse payloads carrying secrets; auto = Hub Spaces only"
     )
+    file_max_bytes: int = Field(
+        default=50 * 1024 * 1024, ge=1, description="largest output file fetched from a Space"
+    )
+    file_timeout_s: float = Field(
+        default=60.0, gt=0, description="time to fetch the output files of one result"
+    )
     user_hash_key: SecretStr | None = None
     admin_token: SecretStr | None = None
     api_token: SecretStr | None = None

@@ -301,6 +301,13 @@ class SpacePool:
         self.generation += 1
         self._drop_stale_idle()
 
+    def current_connection(self) -> Connection | None:
+        """Any live connection of the current generation (to read its metadata only)."""
+        for conn in [*reversed(self._idle), *self._leased]:
+            if conn.generation == self.generation and conn.state is not ConnState.CLOSED:
+                return conn
+        return None
+
     def idle_sample(self, count: int) -> list[Connection]:
         """Up to ``count`` idle connections, least recently used first."""
         return self._idle[:count]

@@ -1,0 +1,75 @@
+"""Discovery: which Spaces this service fronts, and what each one's API takes.
+
+* ``GET /api/spaces`` — every configured Space with its state, read from
+  ``pool.stats()`` (the same figures as pool-stats and the dashboard: up, breaker,
+  window, wake, connections, queue), nothing recomputed;
+* ``GET /api/spaces/{name}/api`` — the Space's endpoints with parameter names, types
+  and defaults: ``Client.view_api(return_format="dict")`` of a pooled connection
+  (``Pool.endpoints``, cached per Space ``app_id``, so a restarted Space is read again).
+
+Same auth as ``/api/predict``. An unknown name is a 422 ``unknown_space`` naming the
+configured ones, as for a predict's ``space``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, Depends, Path
+
+from pool import get_pool
+
+from ._auth import require_api_token
+from ._schemas import SPACE_PATTERN, to_jsonable
+
+router = APIRouter(dependencies=[Depends(require_api_token)], tags=["spaces"])
+
+
+def _state(entry: dict[str, Any]) -> str:
+    breaker = (entry.get("breaker") or {}).get("state", "closed")
+    wake = (entry.get("wake") or {}).get("state")
+    if wake in ("waking", "paused", "sleeping"):
+        return str(wake)
+    if not entry.get("up", True):
+        return "down"
+    if breaker == "open":
+        return "breaker_open"
+    return "up"
+
+
+def _summary(name: str, entry: dict[str, Any]) -> dict[str, Any]:
+    window = entry.get("window") or {}
+    return {
+        "name": name,
+        "state": _state(entry),
+        "up": entry.get("up"),
+        "breaker": (entry.get("breaker") or {}).get("state"),
+        "window": window.get("current"),
+        "window_ceiling": window.get("ceiling"),
+        "wake": (entry.get("wake") or {}).get("state"),
+        "connections": {
+            "total": entry.get("totalConnections"),
+            "available": entry.get("availableConnections"),
+            "in_use": entry.get("inUseConnections"),
+        },
+        "queue_length": entry.get("queueLength"),
+        "last_error": entry.get("lastError"),
+        "api_url": f"/api/spaces/{name}/api",
+    }
+
+
+@router.get("/api/spaces")
+async def list_spaces() -> dict[str, Any]:
+    """The configured Spaces and their state (from the pool's statistics)."""
+    stats: dict[str, Any] = await get_pool().stats()
+    pools: dict[str, dict[str, Any]] = stats.get("pools", {})
+    return {"spaces": [_summary(name, entry) for name, entry in pools.items()]}
+
+
+@router.get("/api/spaces/{name}/api")
+async def space_api(
+    name: str = Path(max_length=128, pattern=SPACE_PATTERN),
+) -> dict[str, Any]:
+    """The Space's endpoints (``view_api`` format): parameters with names, types, defaults."""
+    described: dict[str, Any] = to_jsonable(await get_pool().endpoints(name))
+    return described

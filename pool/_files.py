@@ -1,0 +1,203 @@
+"""Files in a Space's inputs and outputs.
+
+Out: pooled connections use ``download_files=False`` (GRADIO_FACTS.md), so a file in a
+result arrives as Gradio's ``FileData`` dict — ``{"path": <path on the Space>, "url":
+…, "orig_name": …, "meta": {"_type": "gradio.FileData"}}``, nested anywhere in the
+output. :func:`fetch` downloads one through the connection's own headers and cookies
+(an HF token, a private Space), bounded in bytes and time, into a folder of the
+caller's, and returns a :class:`LocalFile`; :meth:`PooledClient.download` does it for
+every file of a result while the lease is held, and ``Pool.predict(download_to=...)``
+on top of that.
+
+The file's address is built from the connection's own Space URL and the ``path``
+(as gradio_client does); a ``url`` the Space sends is used only when it points at the
+same origin, and redirects are followed only within that origin, so a result cannot
+make the pool fetch anything else.
+
+In: :func:`file_arg` is ``gradio_client.handle_file`` — a local path the Client
+uploads to the Space when the job starts.
+"""
+
+from __future__ import annotations
+
+import mimetypes
+import os
+import re
+import secrets
+import urllib.parse
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from ._exceptions import UpstreamFileError
+
+_MAX_DEPTH = 64
+_MAX_REDIRECTS = 3
+_CHUNK = 64 * 1024
+_TIMEOUT = httpx.Timeout(10.0, read=60.0)  # per read; the caller bounds the whole
+_UNSAFE_NAME = re.compile(r"[^A-Za-z0-9._ -]+")
+
+
+@dataclass(frozen=True)
+class LocalFile:
+    """A Space's output file, downloaded to this host."""
+
+    path: Path
+    name: str  # the Space's file name, made safe (no directories, no control characters)
+    size: int
+    mime_type: str
+    source: dict[str, Any]  # the Space's FileData as it came
+
+    def read_bytes(self) -> bytes:
+        return self.path.read_bytes()
+
+
+def is_file_data(value: Any) -> bool:
+    """Gradio's rule for a file object (``gradio_client.utils.is_file_obj_with_meta``)."""
+    return (
+        isinstance(value, dict)
+        and isinstance(value.get("path"), str)
+        and isinstance(value.get("meta"), dict)
+        and value["meta"].get("_type") == "gradio.FileData"
+    )
+
+
+def files_in(value: Any) -> list[dict[str, Any]]:
+    """Every FileData dict nested in ``value`` (iterative, bounded depth)."""
+    found: list[dict[str, Any]] = []
+    stack: list[tuple[Any, int]] = [(value, 0)]
+    while stack:
+        item, depth = stack.pop()
+        if depth > _MAX_DEPTH:
+            continue
+        if is_file_data(item):
+            found.append(item)
+        elif isinstance(item, dict):
+            stack.extend((child, depth + 1) for child in item.values())
+        elif isinstance(item, (list, tuple)):
+            stack.extend((child, depth + 1) for child in item)
+    return found
+
+
+def replace_files(value: Any, replace: Callable[[dict[str, Any]], Any], depth: int = 0) -> Any:
+    """``value`` with every FileData dict replaced by ``replace(it)``; tuples stay tuples."""
+    if depth > _MAX_DEPTH:
+        return value
+    if is_file_data(value):
+        return replace(value)
+    if isinstance(value, dict):
+        return {k: replace_files(v, replace, depth + 1) for k, v in value.items()}
+    if isinstance(value, list):
+        return [replace_files(v, replace, depth + 1) for v in value]
+    if isinstance(value, tuple):
+        return tuple(replace_files(v, replace, depth + 1) for v in value)
+    return value
+
+
+def safe_name(name: str | None, fallback: str = "file") -> str:
+    """A file name with no directory part and only harmless characters."""
+    base = os.path.basename((name or "").replace("\\", "/"))
+    base = _UNSAFE_NAME.sub("_", base).strip(" .")[:128]
+    return base or fallback
+
+
+def file_arg(path: str | os.PathLike[str], name: str | None = None) -> dict[str, Any]:
+    """A file argument for a Space (``gradio_client.handle_file``): uploaded on submit."""
+    from gradio_client import handle_file
+
+    data: dict[str, Any] = handle_file(os.fspath(path))
+    if name:
+        data["orig_name"] = safe_name(name)
+    return data
+
+
+def _origin(url: httpx.URL) -> tuple[str, str, int | None]:
+    return url.scheme, url.host, url.port
+
+
+def source_url(client: Any, data: dict[str, Any]) -> str:
+    """Where the Space serves ``data``: its own ``/file=`` route, or a same-origin url."""
+    root = str(getattr(client, "src_prefixed", "") or client.src)
+    root = root.rstrip("/") + "/"
+    given = data.get("url")
+    if isinstance(given, str) and given:
+        try:
+            absolute = httpx.URL(root).join(given)
+            if _origin(absolute) == _origin(httpx.URL(root)):
+                return str(absolute)
+        except httpx.InvalidURL:
+            pass
+    return root + "file=" + urllib.parse.quote(data["path"], safe="/")
+
+
+async def fetch(
+    http: httpx.AsyncClient,
+    client: Any,
+    data: dict[str, Any],
+    directory: str | os.PathLike[str],
+    *,
+    max_bytes: int,
+) -> LocalFile:
+    """Download one FileData through ``client``'s headers into ``directory``.
+
+    Raises :class:`~pool.UpstreamFileError` (``kind`` ``file_too_large`` or
+    ``file_fetch``); a partial file is removed. The caller bounds the time.
+    """
+    # Local disk work (a directory, 64 KiB writes) stays on the loop: it is short.
+    folder = Path(directory)
+    os.makedirs(folder, exist_ok=True)
+    name = safe_name(data.get("orig_name") or data["path"])
+    target = folder / f"{secrets.token_hex(8)}-{name}"
+    url = httpx.URL(source_url(client, data))
+    origin = _origin(url)
+    headers = dict(getattr(client, "headers", None) or {})
+    cookies = getattr(client, "cookies", None) or {}
+    if cookies:  # (per-request cookies= is deprecated in httpx)
+        headers["Cookie"] = "; ".join(f"{k}={v}" for k, v in cookies.items())
+    size = 0
+    try:
+        for _ in range(_MAX_REDIRECTS + 1):
+            async with http.stream(
+                "GET", url, headers=headers, timeout=_TIMEOUT
+            ) as response:
+                if response.is_redirect and "location" in response.headers:
+                    url = url.join(response.headers["location"])
+                    if _origin(url) != origin:
+                        raise UpstreamFileError("the Space redirected a file elsewhere")
+                    continue
+                if response.status_code != 200:
+                    raise UpstreamFileError(
+                        f"the Space answered HTTP {response.status_code} for an output file"
+                    )
+                announced = response.headers.get("content-length", "")
+                if announced.isdigit() and int(announced) > max_bytes:
+                    raise _too_large(max_bytes)
+                with target.open("wb") as out:
+                    async for chunk in response.aiter_bytes(_CHUNK):
+                        size += len(chunk)
+                        if size > max_bytes:
+                            raise _too_large(max_bytes)
+                        out.write(chunk)
+                mime = response.headers.get("content-type", "").split(";")[0].strip()
+                break
+        else:
+            raise UpstreamFileError("too many redirects for an output file")
+    except httpx.HTTPError as exc:
+        target.unlink(missing_ok=True)
+        raise UpstreamFileError(f"could not fetch an output file ({type(exc).__name__})") from exc
+    except BaseException:
+        target.unlink(missing_ok=True)
+        raise
+    if not mime or mime == "application/octet-stream":
+        mime = mimetypes.guess_type(name)[0] or "application/octet-stream"
+    return LocalFile(target, name, size, mime, dict(data))
+
+
+def _too_large(limit: int) -> UpstreamFileError:
+    return UpstreamFileError(
+        f"an output file is larger than {limit} bytes (POOL_FILE_MAX_BYTES)",
+        kind="file_too_large",
+    )
