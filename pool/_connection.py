@@ -2,17 +2,32 @@
 
 A connection is exclusive to one request while leased. Opening and closing are
 blocking (gradio_client is synchronous) and always run in worker threads.
+
+Closing leaves nothing behind. A Client owns a heartbeat thread, three executors
+and, while jobs run, a reader of the session's result stream; the heartbeat and the
+reader sit in a blocking read that only a server message ends (a ping every 15 s), so
+setting the kill flag alone leaves them alive for up to 15 s with their sockets open.
+Each Client we open therefore gets a :class:`StreamCutter` as its httpx ``auth`` (the
+one hook gradio_client passes to every httpx call it makes): it authenticates nothing
+and remembers the responses, so :func:`close_client` can shut the sockets of the
+streams still being read. The readers then see the stream end and return, the job
+helpers waiting on them follow, and :func:`close_client` returns the Client's threads
+for the caller to wait for (they end within milliseconds).
 """
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import functools
 import itertools
 import os
+import socket
 import ssl
+import threading
 import time
-from collections.abc import Callable
+import weakref
+from collections.abc import Callable, Generator
 from typing import Any
 
 import httpx
@@ -100,6 +115,47 @@ def shared_ssl_context() -> ssl.SSLContext:
     return ssl.create_default_context(cafile=certifi.where())
 
 
+class StreamCutter(httpx.Auth):
+    """An httpx auth flow that adds nothing to requests but remembers the responses of
+    one Client, so that :meth:`cut` can end the streams its threads are still reading."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._responses: weakref.WeakSet[httpx.Response] = weakref.WeakSet()
+        self._cut = False
+
+    def auth_flow(self, request: httpx.Request) -> Generator[httpx.Request, httpx.Response, None]:
+        response = yield request
+        with self._lock:
+            self._responses.add(response)
+            cut = self._cut
+        if cut:  # opened after the Client was closed: end it at once
+            _shut(response)
+
+    def cut(self) -> None:
+        """Shut the socket of every response still open; later ones are shut on arrival."""
+        with self._lock:
+            self._cut = True
+            responses = list(self._responses)
+        for response in responses:
+            if not response.is_closed:
+                _shut(response)
+
+
+def _shut(response: httpx.Response) -> None:
+    """End the reader's blocking read: it sees end of stream (``RemoteProtocolError``).
+
+    ``shutdown`` of the plain socket, not ``close``: closing an fd does not wake a
+    thread blocked reading it, and ``SSLSocket.shutdown`` would tear the TLS object
+    down under the reader. The reader's own ``with`` block closes the socket.
+    """
+    stream = response.extensions.get("network_stream")
+    sock = stream.get_extra_info("socket") if stream is not None else None
+    if isinstance(sock, socket.socket):
+        with contextlib.suppress(OSError):  # already closed or never connected
+            socket.socket.shutdown(sock, socket.SHUT_RDWR)
+
+
 def gradio_factory(
     *, token: str | None, connect_timeout_s: float, read_timeout_s: float, max_workers: int
 ) -> ClientFactory:
@@ -116,19 +172,28 @@ def gradio_factory(
             download_files=False,
             analytics_enabled=False,
             ssl_verify=shared_ssl_context(),
-            httpx_kwargs={"timeout": httpx.Timeout(connect_timeout_s, read=read_timeout_s)},
+            httpx_kwargs={
+                "timeout": httpx.Timeout(connect_timeout_s, read=read_timeout_s),
+                "auth": StreamCutter(),
+            },
         )
 
     return open_client
 
 
-def close_client(client: Any) -> None:
-    """Really free a Client: stop the heartbeat and shut its executors down.
+def close_client(client: Any) -> list[threading.Thread]:
+    """Really free a Client; returns its threads, which end promptly: wait for them.
 
-    ``Client.close()`` joins the heartbeat thread for up to 1 s, but that thread only
-    notices the kill flag on the server's next ping, so joining buys nothing: set the
-    flag (the thread exits by itself within one ping interval) and move on.
+    Stops the heartbeat (its kill flag: ``Client.close()`` would join it for up to 1 s
+    for nothing), shuts the three executors down (queued work cancelled, idle workers
+    exit) and cuts the streams its threads are reading (see the module docstring).
+    Idempotent. A job thread blocked in a plain request (a hanging ``/queue/join``)
+    ends by the request's own timeout; its sockets are freed then.
     """
+    threads: list[threading.Thread] = []
+    heartbeat = getattr(client, "heartbeat", None)
+    if isinstance(heartbeat, threading.Thread) and heartbeat.is_alive():
+        threads.append(heartbeat)
     try:
         kill = getattr(client, "_kill_heartbeat", None)
         if kill is not None:
@@ -139,4 +204,9 @@ def close_client(client: Any) -> None:
         for name in ("executor", "helper_executor", "stream_executor"):
             executor = getattr(client, name, None)
             if executor is not None:
-                executor.shutdown(wait=False, cancel_futures=True)
+                executor.shutdown(wait=False, cancel_futures=True)  # no new threads now
+                threads.extend(getattr(executor, "_threads", ()))
+        cutter = (getattr(client, "httpx_kwargs", None) or {}).get("auth")
+        if isinstance(cutter, StreamCutter):
+            cutter.cut()
+    return threads

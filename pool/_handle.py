@@ -96,7 +96,10 @@ class PooledJob:
         if not self._cancelled and not self._future.done():
             self._cancelled = True
             loop = asyncio.get_running_loop()
-            loop.run_in_executor(self._handle._executor, _quiet_cancel, self._job)
+            # RuntimeError: the pool is closed (its executor shut down), and closing
+            # the connection already cut the job's stream, which drops it upstream.
+            with contextlib.suppress(RuntimeError):
+                loop.run_in_executor(self._handle._executor, _quiet_cancel, self._job)
 
     def __await__(self) -> Any:
         return self.result().__await__()

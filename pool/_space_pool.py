@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import time
 from collections import deque
 from collections.abc import Callable
@@ -27,10 +28,15 @@ from ._connection import ClientFactory, Connection, ConnState, close_client
 from ._errors import classify_connect
 from ._exceptions import PoolClosedError, PoolError
 from ._spaces import SpaceSpec
+from ._threads import wait_ended
 
 # Failure kinds worth retrying when opening a connection (SPEC 4.4).
 _RETRY_KINDS = frozenset({"connect", "timeout", "transport", "http_5xx", "rate_limited"})
 _SETTLE_S = 2.0
+# How long closing a connection waits for its Client's threads (they end within
+# milliseconds once their streams are cut; only a request that hangs takes longer).
+_CLOSE_WAIT_S = 3.0
+_log = logging.getLogger("spacepool")
 
 
 class SpacePool:
@@ -117,6 +123,8 @@ class SpacePool:
 
     def checkin(self, conn: Connection, *, discard: bool) -> None:
         """Give ``conn`` back; a discarded or stale one is closed and replaced."""
+        if self._closed and conn.state is ConnState.CLOSED:
+            return  # returned after aclose(), which closed it already
         self._leased.discard(conn)
         conn.last_used = self._clock()
         if discard or self._closed or conn.generation != self.generation:
@@ -267,7 +275,8 @@ class SpacePool:
     def _open_blocking(self) -> Any:
         client = self._factory(self.spec.src)
         if self._closed:
-            close_client(client)
+            for thread in close_client(client):  # a worker thread: joining is fine here
+                thread.join(_CLOSE_WAIT_S)
             raise PoolClosedError("pool closed while opening")
         return client
 
@@ -341,7 +350,11 @@ class SpacePool:
     async def _close(self, conn: Connection) -> None:
         conn.state = ConnState.CLOSED
         loop = asyncio.get_running_loop()
-        await loop.run_in_executor(self._executor, close_client, conn.client)
+        threads = await loop.run_in_executor(self._executor, close_client, conn.client)
+        left = await wait_ended(threads, _CLOSE_WAIT_S)
+        if left:  # a job thread in a request that hangs: its own timeout ends it
+            _log.warning("space %s: %d thread(s) of a closed connection still running",
+                         self.name, len(left))
 
     def _spawn(self, coro: Any) -> None:
         task = asyncio.get_running_loop().create_task(coro)

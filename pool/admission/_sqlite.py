@@ -61,6 +61,7 @@ from dataclasses import dataclass
 from typing import Any, Literal, TypeVar, cast
 from urllib.parse import parse_qs, urlsplit
 
+from .._threads import wait_ended
 from ._lease_keeper import SharedCoordinator, StoreUnavailable, StoreView, Withdrawn
 from ._protocol import AdmissionSnapshot, new_id
 from ._rule import GLOBAL_RESOURCE, limit_lookup, plan_grants
@@ -71,6 +72,7 @@ _log = logging.getLogger("pool.admission")
 _SAFETY_PASS_S = 1.0  # a poll runs a full write pass at least this often
 _BATCH = 64  # at most this many store calls share one transaction
 _POSITIONS_EVERY_S = 0.25  # how often a poll refreshes the waiters' positions
+_CLOSE_WAIT_S = 5.0  # close() waits this long at most for the worker thread (a busy file)
 
 _SCHEMA = (
     "CREATE TABLE IF NOT EXISTS limits (resource TEXT PRIMARY KEY, lim INTEGER NOT NULL)",
@@ -305,12 +307,15 @@ class _SQLiteStore:
         return await self._transact(swap)  # BEGIN IMMEDIATE: atomic across processes
 
     async def close(self) -> None:
+        """Close the connection (the file's fds) and end the worker thread."""
         if self._thread is None:
             return
         try:
             await self._submit(lambda _conn, _now: None, "close")
         finally:
             self._jobs.put(None)
+            if await wait_ended([self._thread], _CLOSE_WAIT_S):
+                _log.warning("sqlite %s: the worker thread did not end on close", self.path)
 
     # -- worker thread ---------------------------------------------------------------------
     def _serve(self) -> None:

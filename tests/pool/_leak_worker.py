@@ -1,0 +1,196 @@
+"""One run of the leak test, in a process of its own: baseline, hard use, close, measure.
+
+    python -m tests.pool._leak_worker pool  --store URL     # the library (Pool.aclose)
+    python -m tests.pool._leak_worker app   --store URL     # the service (app lifespan)
+
+``POOL_SPACES`` names two stand-in Spaces (alpha, beta). Prints one JSON line:
+``{"baseline": S, "peak": S, "after": S, "close_s": seconds}`` where each S is
+``{"threads": [names], "non_daemon": [names], "fds": {fd: target}}``. The baseline is
+taken once everything is imported and the event loop runs, before the pool is built;
+"after" right after ``aclose()`` (or the lifespan's shutdown) returns, with no wait.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+import threading
+import time
+from typing import Any
+
+# Imported before the baseline: importing opens nothing that stays, but keeps the
+# measurement about what the pool does, not about what Python loads lazily.
+import gradio_client  # noqa: F401
+import httpx
+import redis.asyncio  # noqa: F401
+
+from pool import DeadlineExceeded, Pool, PoolSettings
+
+_BOUND_S = 10.0  # every wait below gives up after this
+
+
+def snapshot() -> dict[str, Any]:
+    """This process's threads (names, non-daemon ones apart) and open fds (targets)."""
+    fds: dict[str, str] = {}
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            fds[fd] = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:  # the fd of the listdir itself, closed meanwhile
+            continue
+    threads = threading.enumerate()
+    return {
+        "threads": sorted(t.name for t in threads),
+        "non_daemon": sorted(t.name for t in threads if not t.daemon),
+        "fds": fds,
+    }
+
+
+def settings(store: str, **extra: Any) -> PoolSettings:
+    values: dict[str, Any] = {
+        "spaces": os.environ["POOL_SPACES"],
+        "coordinator_url": store,
+        "min_connections": 1,
+        "max_connections": 4,
+        "idle_timeout_s": 0.5,  # extra connections are reaped within the run
+        "health_interval_s": 300.0,  # the round is run by hand below
+        "global_max_concurrent": 16,
+        "consumer_max_concurrent": 16,
+        "queue_timeout_s": 10.0,
+        "lease_ttl_s": 3.0,
+        "client_max_workers": 2,
+        "read_timeout_s": 30.0,
+    }
+    values.update(extra)
+    return PoolSettings(**values)
+
+
+async def until(check: Any, what: str) -> None:
+    """Poll ``check()`` every 20 ms, at most ``_BOUND_S``."""
+    deadline = time.monotonic() + _BOUND_S
+    while not check():
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{what}: not within {_BOUND_S} s")
+        await asyncio.sleep(0.02)
+
+
+async def use_hard(pool: Pool, peak: list[dict[str, Any]]) -> None:
+    """Parallel predicts on both Spaces, a job cancelled mid-run, a timeout, a health
+    round, connections reaped; ``peak`` gets the snapshot with the most threads."""
+    from gradio_client.utils import Status
+
+    def note() -> None:
+        snap = snapshot()
+        if not peak or len(snap["threads"]) > len(peak[0]["threads"]):
+            peak[:] = [snap]
+
+    async def one(i: int) -> None:
+        space = "alpha" if i % 2 else "beta"
+        done = await pool.predict("/echo", f"x{i}", 0.3, space=space, timeout=_BOUND_S)
+        assert done.result == f"{space}:x{i}", done
+
+    # 1. Parallel predicts: both Spaces grow to their max of 4 connections.
+    work = asyncio.gather(*(one(i) for i in range(16)))
+    await asyncio.sleep(0.25)  # not ordering anything: a sample while the work runs
+    note()
+    await work
+    note()
+
+    # 2. A job cancelled while it runs on the Space.
+    async def cancelled() -> None:
+        async with pool.client(space="alpha") as handle:
+            job = await handle.submit("slow", 30.0, api_name="/echo")
+            running.set_result(job)
+            await job
+
+    loop = asyncio.get_running_loop()
+    running: asyncio.Future[Any] = loop.create_future()
+    task = loop.create_task(cancelled())
+    job = await asyncio.wait_for(running, _BOUND_S)
+    await until(lambda: job.status().code == Status.PROCESSING, "the job runs")
+    note()
+    task.cancel()
+    try:
+        await task
+    except asyncio.CancelledError:
+        pass
+
+    # 3. A timeout: the upstream job is cancelled, DeadlineExceeded raised.
+    try:
+        await pool.predict("/echo", "late", 30.0, space="beta", timeout=1.0)
+    except DeadlineExceeded:
+        pass
+    else:
+        raise AssertionError("the timeout did not fire")
+    note()
+
+    # 4. A health round over the idle connections.
+    await pool.health_check()
+    assert pool.last_health_check is not None
+
+    # 5. The idle connections above the minimum are reaped by the maintenance loop.
+    await until(
+        lambda: all(sp.total <= sp.min_size for sp in pool.spaces.values()),
+        "idle connections reaped",
+    )
+    note()
+
+
+async def run_pool(store: str) -> dict[str, Any]:
+    baseline = snapshot()
+    peak: list[dict[str, Any]] = []
+    pool = Pool(settings(store))
+    try:
+        await use_hard(pool, peak)
+    finally:
+        began = time.monotonic()
+        await pool.aclose()
+        close_s = time.monotonic() - began
+    return {"baseline": baseline, "peak": peak[0], "after": snapshot(), "close_s": close_s}
+
+
+async def run_app(store: str) -> dict[str, Any]:
+    from app.main import create_app
+    from pool import set_pool
+
+    baseline = snapshot()
+    peak: list[dict[str, Any]] = []
+    pool = Pool(settings(store))
+    set_pool(pool)
+    application = create_app()
+    transport = httpx.ASGITransport(app=application)
+    lifespan = application.router.lifespan_context(application)
+    await lifespan.__aenter__()
+    try:
+        async with httpx.AsyncClient(transport=transport, base_url="http://service") as http:
+            body = {"api_name": "/echo", "args": ["hi", 0.2]}
+            answers = await asyncio.gather(
+                *(http.post("/api/predict", json=body) for _ in range(8))
+            )
+            assert all(r.status_code == 200 for r in answers), [r.text for r in answers]
+            job = await http.post("/api/jobs", json={"api_name": "/echo", "args": ["j", 30.0]})
+            assert job.status_code in (200, 201, 202), job.text
+        await use_hard(pool, peak)
+    finally:
+        began = time.monotonic()
+        await lifespan.__aexit__(None, None, None)  # cancels the running job, closes the pool
+        close_s = time.monotonic() - began
+        set_pool(None)
+    return {"baseline": baseline, "peak": peak[0], "after": snapshot(), "close_s": close_s}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("what", choices=("pool", "app"))
+    parser.add_argument("--store", required=True)
+    args = parser.parse_args()
+    run = run_pool if args.what == "pool" else run_app
+    result = asyncio.run(run(args.store))
+    sys.stdout.write(json.dumps(result) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
