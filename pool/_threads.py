@@ -16,7 +16,9 @@ from concurrent.futures import ThreadPoolExecutor
 _POLL_S = 0.005
 
 
-async def wait_ended(threads: Iterable[threading.Thread], timeout_s: float) -> list[threading.Thread]:
+async def wait_ended(
+    threads: Iterable[threading.Thread], timeout_s: float
+) -> list[threading.Thread]:
     """Return once every thread has ended or ``timeout_s`` passed; the ones still alive."""
     alive = [t for t in threads if t.is_alive()]
     deadline = time.monotonic() + timeout_s
@@ -26,7 +28,9 @@ async def wait_ended(threads: Iterable[threading.Thread], timeout_s: float) -> l
     return alive
 
 
-async def shutdown_executor(executor: ThreadPoolExecutor, timeout_s: float) -> list[threading.Thread]:
+async def shutdown_executor(
+    executor: ThreadPoolExecutor, timeout_s: float
+) -> list[threading.Thread]:
     """``shutdown`` (queued work cancelled) and wait for its threads; those still alive."""
     executor.shutdown(wait=False, cancel_futures=True)
     return await wait_ended(list(getattr(executor, "_threads", ())), timeout_s)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import sys
@@ -27,7 +28,7 @@ import gradio_client  # noqa: F401
 import httpx
 import redis.asyncio  # noqa: F401
 
-from pool import DeadlineExceeded, Pool, PoolSettings
+from pool import DeadlineExceeded, Pool, PoolError, PoolSettings
 
 _BOUND_S = 10.0  # every wait below gives up after this
 
@@ -44,6 +45,7 @@ def snapshot() -> dict[str, Any]:
     return {
         "threads": sorted(t.name for t in threads),
         "non_daemon": sorted(t.name for t in threads if not t.daemon),
+        "os_threads": len(os.listdir("/proc/self/task")),
         "fds": fds,
     }
 
@@ -79,12 +81,45 @@ async def until(check: Any, what: str) -> None:
 async def use_hard(pool: Pool, peak: list[dict[str, Any]]) -> None:
     """Parallel predicts on both Spaces, a job cancelled mid-run, a timeout, a health
     round, connections reaped; ``peak`` gets the snapshot with the most threads."""
-    from gradio_client.utils import Status
 
     def note() -> None:
         snap = snapshot()
         if not peak or len(snap["threads"]) > len(peak[0]["threads"]):
             peak[:] = [snap]
+
+    async def sample() -> None:  # the peak, sampled every 20 ms while the work runs
+        while True:
+            note()
+            await asyncio.sleep(0.02)
+
+    sampler = asyncio.get_running_loop().create_task(sample())
+    try:
+        await _use(pool)
+    finally:
+        sampler.cancel()
+        note()
+
+
+async def running_job(pool: Pool, space: str) -> asyncio.Task[Any]:
+    """A task holding a connection to ``space`` whose 30 s job runs there now."""
+    from gradio_client.utils import Status
+
+    loop = asyncio.get_running_loop()
+    running: asyncio.Future[Any] = loop.create_future()
+
+    async def hold() -> Any:
+        async with pool.client(space=space) as handle:
+            job = await handle.submit("slow", 30.0, api_name="/echo")
+            running.set_result(job)
+            return await job
+
+    task = loop.create_task(hold())
+    job = await asyncio.wait_for(running, _BOUND_S)
+    await until(lambda: job.status().code == Status.PROCESSING, "the job runs")
+    return task
+
+
+async def _use(pool: Pool) -> None:
 
     async def one(i: int) -> None:
         space = "alpha" if i % 2 else "beta"
@@ -92,30 +127,13 @@ async def use_hard(pool: Pool, peak: list[dict[str, Any]]) -> None:
         assert done.result == f"{space}:x{i}", done
 
     # 1. Parallel predicts: both Spaces grow to their max of 4 connections.
-    work = asyncio.gather(*(one(i) for i in range(16)))
-    await asyncio.sleep(0.25)  # not ordering anything: a sample while the work runs
-    note()
-    await work
-    note()
+    await asyncio.gather(*(one(i) for i in range(16)))
 
     # 2. A job cancelled while it runs on the Space.
-    async def cancelled() -> None:
-        async with pool.client(space="alpha") as handle:
-            job = await handle.submit("slow", 30.0, api_name="/echo")
-            running.set_result(job)
-            await job
-
-    loop = asyncio.get_running_loop()
-    running: asyncio.Future[Any] = loop.create_future()
-    task = loop.create_task(cancelled())
-    job = await asyncio.wait_for(running, _BOUND_S)
-    await until(lambda: job.status().code == Status.PROCESSING, "the job runs")
-    note()
+    task = await running_job(pool, "alpha")
     task.cancel()
-    try:
+    with contextlib.suppress(asyncio.CancelledError):
         await task
-    except asyncio.CancelledError:
-        pass
 
     # 3. A timeout: the upstream job is cancelled, DeadlineExceeded raised.
     try:
@@ -124,7 +142,6 @@ async def use_hard(pool: Pool, peak: list[dict[str, Any]]) -> None:
         pass
     else:
         raise AssertionError("the timeout did not fire")
-    note()
 
     # 4. A health round over the idle connections.
     await pool.health_check()
@@ -135,7 +152,6 @@ async def use_hard(pool: Pool, peak: list[dict[str, Any]]) -> None:
         lambda: all(sp.total <= sp.min_size for sp in pool.spaces.values()),
         "idle connections reaped",
     )
-    note()
 
 
 async def run_pool(store: str) -> dict[str, Any]:
@@ -144,11 +160,24 @@ async def run_pool(store: str) -> dict[str, Any]:
     pool = Pool(settings(store))
     try:
         await use_hard(pool, peak)
+        left_running = await running_job(pool, "beta")  # aclose() while a job runs
     finally:
         began = time.monotonic()
         await pool.aclose()
         close_s = time.monotonic() - began
-    return {"baseline": baseline, "peak": peak[0], "after": snapshot(), "close_s": close_s}
+    after = snapshot()
+    try:
+        await asyncio.wait_for(left_running, _BOUND_S)
+        outcome = "finished"
+    except PoolError as exc:
+        outcome = type(exc).__name__
+    return {
+        "baseline": baseline,
+        "peak": peak[0],
+        "after": after,
+        "close_s": close_s,
+        "left_running": outcome,
+    }
 
 
 async def run_app(store: str) -> dict[str, Any]:

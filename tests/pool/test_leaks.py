@@ -1,0 +1,80 @@
+"""No leaks: after ``aclose()`` the process has the threads and fds it had before.
+
+Each run is a fresh interpreter (``tests/pool/_leak_worker.py``) so that pytest's own
+threads and files do not blur the baseline: it takes the baseline once everything is
+imported and the event loop runs, uses the pool hard against the two stand-in Spaces
+(parallel predicts on both, a job cancelled mid-run, a timeout, a health round, idle
+connections reaped, and one job still running when the pool closes), closes it and
+measures again at once — no grace period. Threads are compared by name (and the
+kernel's count of the process's tasks), fds by number and target: exactly equal.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from devspaces import SpaceFleet
+from tests.admission.conftest import STORES, make_url
+
+ROOT = Path(__file__).resolve().parents[2]
+_CLOSE_BOUND_S = 3.0  # measured 0.02-0.12 s; a loaded 2-core machine gets margin
+
+
+def _run(what: str, store: str, fleet: SpaceFleet, tmp_path: Path) -> dict[str, Any]:
+    """One worker run over a fresh store of kind ``store``: its measurement."""
+    with contextlib.contextmanager(make_url)(store, tmp_path) as url:
+        env = {**os.environ, "POOL_SPACES": fleet.pool_spaces_env(), "PYTHONPATH": str(ROOT)}
+        command = [sys.executable, "-W", "error", "-W", "ignore::DeprecationWarning",
+                   "-W", "always::ResourceWarning",
+                   "-m", "tests.pool._leak_worker", what, "--store", url]  # fmt: skip
+        out = subprocess.run(
+            command, capture_output=True, text=True, timeout=60, env=env, cwd=ROOT
+        )
+    assert out.returncode == 0, out.stderr[-4000:]
+    for bad in ("Traceback", "ResourceWarning", "never retrieved", "still running"):
+        assert bad not in out.stderr, out.stderr[-4000:]
+    result: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
+    return result
+
+
+def _assert_back_to_baseline(result: dict[str, Any]) -> None:
+    base, peak, after = result["baseline"], result["peak"], result["after"]
+    # The run really opened what must be closed (else this test could not fail).
+    assert any("_stream_heartbeat" in name for name in peak["threads"]), peak["threads"]
+    assert any(name.startswith("spacepool-io") for name in peak["threads"]), peak["threads"]
+    assert len(peak["threads"]) >= len(base["threads"]) + 10, peak["threads"]
+    assert len(peak["fds"]) > len(base["fds"]), peak["fds"]
+    assert after["threads"] == base["threads"], after["threads"]
+    assert after["non_daemon"] == base["non_daemon"]
+    assert after["os_threads"] == base["os_threads"]
+    assert after["fds"] == base["fds"], {"before": base["fds"], "after": after["fds"]}
+    assert result["close_s"] < _CLOSE_BOUND_S, result["close_s"]
+
+
+@pytest.mark.parametrize("store", STORES)
+def test_pool_aclose_returns_threads_and_fds_to_baseline(
+    store: str, clean_fleet: SpaceFleet, tmp_path: Path
+) -> None:
+    """Pool.aclose() ends every thread and closes every fd the pool opened, per store."""
+    result = _run("pool", store, clean_fleet, tmp_path)
+    _assert_back_to_baseline(result)
+    if store == "sqlite":
+        assert any(n == "spacepool-sqlite" for n in result["peak"]["threads"])
+    # The job still running at close failed with a typed error; it did not run on.
+    assert result["left_running"] not in ("finished", None), result["left_running"]
+
+
+@pytest.mark.parametrize("store", ["sqlite", "redis"])
+def test_service_shutdown_returns_threads_and_fds_to_baseline(
+    store: str, clean_fleet: SpaceFleet, tmp_path: Path
+) -> None:
+    """The app's lifespan shutdown (a job running, shared job store) leaves nothing."""
+    _assert_back_to_baseline(_run("app", store, clean_fleet, tmp_path))
