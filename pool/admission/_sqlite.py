@@ -172,6 +172,7 @@ class _SQLiteStore:
         self._busy_timeout_s = busy_timeout_s
         self._jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
+        self._closed = False
         self._secret: bytes | None = None
         # Worker-thread state:
         self._conn: sqlite3.Connection | None = None
@@ -192,6 +193,8 @@ class _SQLiteStore:
         run: Callable[[sqlite3.Connection, float], T],
         kind: Literal["write", "read", "close"],
     ) -> T:
+        if self._closed:  # a late call (a release after aclose) must not reopen the file
+            raise StoreUnavailable(f"sqlite {self.path}: store closed")
         if self._thread is None:
             self._thread = threading.Thread(
                 target=self._serve, name="spacepool-sqlite", daemon=True
@@ -309,11 +312,13 @@ class _SQLiteStore:
     async def close(self) -> None:
         """Close the connection (the file's fds) and end the worker thread."""
         if self._thread is None:
+            self._closed = True
             return
         try:
             await self._submit(lambda _conn, _now: None, "close")
         finally:
-            self._jobs.put(None)
+            self._closed = True
+            self._jobs.put(None)  # the thread closes what a call queued meanwhile reopened
             if await wait_ended([self._thread], _CLOSE_WAIT_S):
                 _log.warning("sqlite %s: the worker thread did not end on close", self.path)
 
@@ -322,6 +327,7 @@ class _SQLiteStore:
         while True:
             job = self._jobs.get()
             if job is None:
+                self._close()
                 return
             batch = [job]
             while len(batch) < _BATCH:

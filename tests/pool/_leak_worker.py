@@ -4,10 +4,12 @@
     python -m tests.pool._leak_worker app   --store URL     # the service (app lifespan)
 
 ``POOL_SPACES`` names two stand-in Spaces (alpha, beta). Prints one JSON line:
-``{"baseline": S, "peak": S, "after": S, "close_s": seconds}`` where each S is
-``{"threads": [names], "non_daemon": [names], "fds": {fd: target}}``. The baseline is
-taken once everything is imported and the event loop runs, before the pool is built;
-"after" right after ``aclose()`` (or the lifespan's shutdown) returns, with no wait.
+``{"baseline": S, "peak": S, "after": S, "close_s": seconds, ...}`` where each S is
+``{"threads": [names], "non_daemon": [names], "os_threads": n, "fds": {fd: target}}``.
+The baseline is taken once everything is imported and the event loop runs, before the
+pool is built; "after" right after ``aclose()`` (or the lifespan's shutdown) returns,
+with no wait; in ``pool`` runs, "after_late_calls" once calls made after ``aclose()``
+(a caller still holding a connection, a stats call) have returned, with their outcomes.
 """
 
 from __future__ import annotations
@@ -166,17 +168,22 @@ async def run_pool(store: str) -> dict[str, Any]:
         await pool.aclose()
         close_s = time.monotonic() - began
     after = snapshot()
-    try:
-        await asyncio.wait_for(left_running, _BOUND_S)
-        outcome = "finished"
-    except PoolError as exc:
-        outcome = type(exc).__name__
+    # Late calls, after aclose(): the running job's caller releases, a stats call
+    # asks the store. Neither may reopen anything.
+    outcomes: dict[str, str] = {}
+    for name, late in (("left_running", left_running), ("stats", pool.stats())):
+        try:
+            await asyncio.wait_for(late, _BOUND_S)
+            outcomes[name] = "finished"
+        except PoolError as exc:
+            outcomes[name] = type(exc).__name__
     return {
         "baseline": baseline,
         "peak": peak[0],
         "after": after,
+        "after_late_calls": snapshot(),
         "close_s": close_s,
-        "left_running": outcome,
+        **outcomes,
     }
 
 

@@ -69,7 +69,10 @@ def test_pool_aclose_returns_threads_and_fds_to_baseline(
     if store == "sqlite":
         assert any(n == "spacepool-sqlite" for n in result["peak"]["threads"])
     # The job still running at close failed with a typed error; it did not run on.
-    assert result["left_running"] not in ("finished", None), result["left_running"]
+    assert result["left_running"] != "finished", result["left_running"]
+    # Calls after aclose() reopen nothing (no reconnect to Redis, no reopened file).
+    assert result["after_late_calls"]["threads"] == result["baseline"]["threads"]
+    assert result["after_late_calls"]["fds"] == result["baseline"]["fds"]
 
 
 @pytest.mark.parametrize("store", ["sqlite", "redis"])
