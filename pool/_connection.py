@@ -9,10 +9,12 @@ reader sit in a blocking read that only a server message ends (a ping every 15 s
 setting the kill flag alone leaves them alive for up to 15 s with their sockets open.
 Each Client we open therefore gets a :class:`StreamCutter` as its httpx ``auth`` (the
 one hook gradio_client passes to every httpx call it makes): it authenticates nothing
-and remembers the responses, so :func:`close_client` can shut the sockets of the
-streams still being read. The readers then see the stream end and return, the job
-helpers waiting on them follow, and :func:`close_client` returns the Client's threads
-for the caller to wait for (they end within milliseconds).
+and follows the connections, so :func:`close_client` can shut the sockets its threads
+are blocked on. The readers then see the stream end and return, the job helpers
+waiting on them follow, a job waiting for a Space that does not answer fails at once,
+and :func:`close_client` returns the Client's threads for the caller to wait for (they
+end within milliseconds). What is left is a thread still connecting (a SYN with no
+answer, bounded by the connect timeout) or resolving a host name.
 """
 
 from __future__ import annotations
@@ -31,6 +33,8 @@ from collections.abc import Callable, Generator
 from typing import Any
 
 import httpx
+
+from ._exceptions import PoolClosedError
 
 _ids = itertools.count(1)
 
@@ -116,69 +120,121 @@ def shared_ssl_context() -> ssl.SSLContext:
 
 
 class StreamCutter(httpx.Auth):
-    """An httpx auth flow that adds nothing to requests but remembers the responses of
-    one Client, so that :meth:`cut` can end the streams its threads are still reading."""
+    """An httpx auth flow that adds nothing to requests but follows the connections
+    of one Client, so that :meth:`cut` can end the reads its threads are blocked in.
+
+    It sets httpcore's ``trace`` extension on each request and keeps every network
+    stream that connects (weakly): a stream being read (the heartbeat, the result
+    stream) as well as one waiting for its response (a ``/queue/join`` or ``/config``
+    to a Space that does not answer).
+    """
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._responses: weakref.WeakSet[httpx.Response] = weakref.WeakSet()
+        self._streams: weakref.WeakSet[Any] = weakref.WeakSet()
         self._cut = False
 
     def auth_flow(self, request: httpx.Request) -> Generator[httpx.Request, httpx.Response, None]:
-        response = yield request
+        request.extensions = {**request.extensions, "trace": self._trace}
+        yield request
+
+    def _trace(self, event: str, info: dict[str, Any]) -> None:
+        if not event.endswith((".connect_tcp.complete", ".start_tls.complete")):
+            return
+        stream = info.get("return_value")
+        if stream is None:
+            return
         with self._lock:
-            self._responses.add(response)
+            self._streams.add(stream)
             cut = self._cut
-        if cut:  # opened after the Client was closed: end it at once
-            _shut(response)
+        if cut:  # connected after the Client was closed: end it at once
+            _shut(stream)
 
     def cut(self) -> None:
-        """Shut the socket of every response still open; later ones are shut on arrival."""
+        """Shut every connection of the Client; later ones are shut as they connect."""
         with self._lock:
             self._cut = True
-            responses = list(self._responses)
-        for response in responses:
-            if not response.is_closed:
-                _shut(response)
+            streams = list(self._streams)
+        for stream in streams:
+            _shut(stream)
 
 
-def _shut(response: httpx.Response) -> None:
-    """End the reader's blocking read: it sees end of stream (``RemoteProtocolError``).
+def _shut(stream: Any) -> None:
+    """End a blocked read on ``stream``: the reader sees the connection end (an
+    ``httpx.TransportError``, which gradio_client's readers take as end of stream).
 
     ``shutdown`` of the plain socket, not ``close``: closing an fd does not wake a
     thread blocked reading it, and ``SSLSocket.shutdown`` would tear the TLS object
-    down under the reader. The reader's own ``with`` block closes the socket.
+    down under the reader. The reader's own ``with`` block closes the socket. A
+    socket already closed (or detached by TLS) has no fd any more: nothing to do.
     """
-    stream = response.extensions.get("network_stream")
-    sock = stream.get_extra_info("socket") if stream is not None else None
+    sock = stream.get_extra_info("socket")
     if isinstance(sock, socket.socket):
-        with contextlib.suppress(OSError):  # already closed or never connected
+        with contextlib.suppress(OSError):
             socket.socket.shutdown(sock, socket.SHUT_RDWR)
+
+
+class GradioFactory:
+    """The default factory: a quiet Client with bounded threads and timeouts.
+
+    Each Client gets its own :class:`StreamCutter`. The factory knows the Clients it
+    is constructing, so a pool that closes meanwhile cuts their requests
+    (:meth:`cut_opening`) instead of waiting for a slow Space's ``/config``.
+    """
+
+    def __init__(
+        self, *, token: str | None, connect_timeout_s: float, read_timeout_s: float,
+        max_workers: int,
+    ) -> None:  # fmt: skip
+        self._token = token
+        self._timeout = httpx.Timeout(connect_timeout_s, read=read_timeout_s)
+        self._max_workers = max_workers
+        self._lock = threading.Lock()
+        self._opening: set[StreamCutter] = set()
+        self._cut = False
+
+    def __call__(self, src: str) -> Any:
+        from gradio_client import Client
+
+        cutter = StreamCutter()
+        with self._lock:
+            if self._cut:
+                raise PoolClosedError("pool closed")
+            self._opening.add(cutter)
+        try:
+            return Client(
+                src,
+                token=self._token,
+                max_workers=self._max_workers,
+                verbose=False,
+                download_files=False,
+                analytics_enabled=False,
+                ssl_verify=shared_ssl_context(),
+                httpx_kwargs={"timeout": self._timeout, "auth": cutter},
+            )
+        finally:
+            with self._lock:
+                self._opening.discard(cutter)
+
+    def cut_opening(self) -> None:
+        """Make every Client under construction fail at once, and refuse new ones."""
+        with self._lock:
+            self._cut = True
+            opening = list(self._opening)
+        for cutter in opening:
+            cutter.cut()
 
 
 def gradio_factory(
     *, token: str | None, connect_timeout_s: float, read_timeout_s: float, max_workers: int
-) -> ClientFactory:
-    """The default factory: a quiet Client with bounded threads and timeouts."""
-
-    def open_client(src: str) -> Any:
-        from gradio_client import Client
-
-        return Client(
-            src,
-            token=token,
-            max_workers=max_workers,
-            verbose=False,
-            download_files=False,
-            analytics_enabled=False,
-            ssl_verify=shared_ssl_context(),
-            httpx_kwargs={
-                "timeout": httpx.Timeout(connect_timeout_s, read=read_timeout_s),
-                "auth": StreamCutter(),
-            },
-        )
-
-    return open_client
+) -> GradioFactory:
+    """The default factory (see :class:`GradioFactory`)."""
+    return GradioFactory(
+        token=token,
+        connect_timeout_s=connect_timeout_s,
+        read_timeout_s=read_timeout_s,
+        max_workers=max_workers,
+    )
 
 
 def close_client(client: Any) -> list[threading.Thread]:
@@ -186,9 +242,8 @@ def close_client(client: Any) -> list[threading.Thread]:
 
     Stops the heartbeat (its kill flag: ``Client.close()`` would join it for up to 1 s
     for nothing), shuts the three executors down (queued work cancelled, idle workers
-    exit) and cuts the streams its threads are reading (see the module docstring).
-    Idempotent. A job thread blocked in a plain request (a hanging ``/queue/join``)
-    ends by the request's own timeout; its sockets are freed then.
+    exit) and cuts the connections its threads are blocked on (see the module
+    docstring). Idempotent.
     """
     threads: list[threading.Thread] = []
     heartbeat = getattr(client, "heartbeat", None)

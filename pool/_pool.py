@@ -261,6 +261,11 @@ class Pool:
             self._maintenance.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._maintenance
+        for sp in self.spaces.values():
+            sp.close_nowait()
+        cut_opening = getattr(self._factory, "cut_opening", None)
+        if cut_opening is not None:  # Clients under construction fail now, not at timeout
+            cut_opening()
         await asyncio.gather(*(sp.aclose() for sp in self.spaces.values()))
         if self._started:
             with contextlib.suppress(Exception):

@@ -266,6 +266,8 @@ class SpacePool:
             except PoolClosedError:
                 raise
             except Exception as exc:
+                if self._closed:  # cut by aclose(): no retry
+                    raise PoolClosedError("pool closed while opening") from exc
                 classified = classify_connect(exc)
                 if classified.error.kind not in _RETRY_KINDS or attempt + 1 >= self._attempts:
                     raise classified.error from exc
@@ -273,6 +275,8 @@ class SpacePool:
         raise AssertionError("unreachable")
 
     def _open_blocking(self) -> Any:
+        if self._closed:
+            raise PoolClosedError("pool closed")
         client = self._factory(self.spec.src)
         if self._closed:
             for thread in close_client(client):  # a worker thread: joining is fine here
@@ -361,8 +365,8 @@ class SpacePool:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def aclose(self) -> None:
-        """Close every connection; waiters get :class:`PoolClosedError`."""
+    def close_nowait(self) -> None:
+        """Refuse new work, fail the waiters, start closing every connection."""
         self._closed = True
         for fut in self._waiters:
             if not fut.done():
@@ -372,6 +376,11 @@ class SpacePool:
         self._idle, self._leased = [], set()
         for conn in conns:
             self._close_later(conn)
+
+    async def aclose(self) -> None:
+        """Close every connection (waiters get :class:`PoolClosedError`); return once
+        they are closed, their threads ended, and the connections being opened too."""
+        self.close_nowait()
         while self._tasks:
             await asyncio.gather(*list(self._tasks), return_exceptions=True)
 

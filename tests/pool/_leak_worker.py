@@ -2,8 +2,10 @@
 
     python -m tests.pool._leak_worker pool  --store URL     # the library (Pool.aclose)
     python -m tests.pool._leak_worker app   --store URL     # the service (app lifespan)
+    python -m tests.pool._leak_worker stuck --store URL --freeze-pid PID  # Space frozen
 
-``POOL_SPACES`` names two stand-in Spaces (alpha, beta). Prints one JSON line:
+``POOL_SPACES`` names two stand-in Spaces (alpha, beta), or for ``stuck`` one (ice)
+whose process the worker freezes (SIGSTOP) and thaws again. Prints one JSON line:
 ``{"baseline": S, "peak": S, "after": S, "close_s": seconds, ...}`` where each S is
 ``{"threads": [names], "non_daemon": [names], "os_threads": n, "fds": {fd: target}}``.
 The baseline is taken once everything is imported and the event loop runs, before the
@@ -19,15 +21,18 @@ import asyncio
 import contextlib
 import json
 import os
+import signal
 import sys
 import threading
 import time
 from typing import Any
+from urllib.parse import urlsplit
 
 # Imported before the baseline: importing opens nothing that stays, but keeps the
 # measurement about what the pool does, not about what Python loads lazily.
 import gradio_client  # noqa: F401
 import httpx
+import psutil
 import redis.asyncio  # noqa: F401
 
 from pool import DeadlineExceeded, Pool, PoolError, PoolSettings
@@ -187,6 +192,61 @@ async def run_pool(store: str) -> dict[str, Any]:
     }
 
 
+async def run_stuck(store: str, freeze_pid: int) -> dict[str, Any]:
+    """aclose() while the only Space (``ice``, process ``freeze_pid``) is frozen: one
+    job waits for its ``/queue/join`` answer, one Client for its ``/config``."""
+    baseline = snapshot()
+    pool = Pool(settings(store, min_connections=1, max_connections=2))
+    port = urlsplit(pool.spaces["ice"].spec.src).port
+
+    def to_ice() -> int:  # our open TCP connections to the Space
+        return sum(
+            1
+            for c in psutil.Process().net_connections(kind="tcp")
+            if c.raddr and c.raddr.port == port and c.status == psutil.CONN_ESTABLISHED
+        )
+
+    async def job() -> Any:
+        async with pool.client(space="ice") as handle:  # the idle connection
+            return await handle.predict("stuck", 0.0, api_name="/echo")
+
+    async def second() -> Any:
+        async with pool.client(space="ice"):  # needs a second connection: opens one
+            return None
+
+    loop = asyncio.get_running_loop()
+    tasks: list[asyncio.Task[Any]] = []
+    try:
+        await pool.predict("/echo", "warm", 0.0, space="ice", timeout=_BOUND_S)
+        await until(lambda: to_ice() == 1, "only the heartbeat stream is open")
+        os.kill(freeze_pid, signal.SIGSTOP)
+        tasks.append(loop.create_task(job()))
+        await until(lambda: to_ice() == 2, "the job's /queue/join is sent")
+        tasks.append(loop.create_task(second()))
+        await until(lambda: to_ice() == 3, "the new Client's /config is sent")
+        peak = snapshot()
+    finally:
+        began = time.monotonic()
+        await pool.aclose()
+        close_s = time.monotonic() - began
+        after = snapshot()
+        os.kill(freeze_pid, signal.SIGCONT)
+    outcomes = []
+    for task in tasks:
+        try:
+            await asyncio.wait_for(task, _BOUND_S)
+            outcomes.append("finished")
+        except PoolError as exc:
+            outcomes.append(type(exc).__name__)
+    return {
+        "baseline": baseline,
+        "peak": peak,
+        "after": after,
+        "close_s": close_s,
+        "outcomes": outcomes,
+    }
+
+
 async def run_app(store: str) -> dict[str, Any]:
     from app.main import create_app
     from pool import set_pool
@@ -219,11 +279,14 @@ async def run_app(store: str) -> dict[str, Any]:
 
 def main() -> int:
     parser = argparse.ArgumentParser()
-    parser.add_argument("what", choices=("pool", "app"))
+    parser.add_argument("what", choices=("pool", "app", "stuck"))
     parser.add_argument("--store", required=True)
+    parser.add_argument("--freeze-pid", type=int, default=0)
     args = parser.parse_args()
-    run = run_pool if args.what == "pool" else run_app
-    result = asyncio.run(run(args.store))
+    if args.what == "stuck":
+        result = asyncio.run(run_stuck(args.store, args.freeze_pid))
+    else:
+        result = asyncio.run((run_pool if args.what == "pool" else run_app)(args.store))
     sys.stdout.write(json.dumps(result) + "\n")
     return 0
 

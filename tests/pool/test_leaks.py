@@ -5,8 +5,10 @@ threads and files do not blur the baseline: it takes the baseline once everythin
 imported and the event loop runs, uses the pool hard against the two stand-in Spaces
 (parallel predicts on both, a job cancelled mid-run, a timeout, a health round, idle
 connections reaped, and one job still running when the pool closes), closes it and
-measures again at once — no grace period. Threads are compared by name (and the
-kernel's count of the process's tasks), fds by number and target: exactly equal.
+measures again at once — no grace period. A last run freezes its Space (SIGSTOP) so
+that a job and a Client being opened wait on requests that get no answer. Threads are
+compared by name (and the kernel's count of the process's tasks), fds by number and
+target: exactly equal.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -21,20 +24,22 @@ from typing import Any
 
 import pytest
 
-from devspaces import SpaceFleet
+from devspaces import SpaceFleet, SpaceProcess
 from tests.admission.conftest import STORES, make_url
 
 ROOT = Path(__file__).resolve().parents[2]
 _CLOSE_BOUND_S = 3.0  # measured 0.02-0.12 s; a loaded 2-core machine gets margin
 
 
-def _run(what: str, store: str, fleet: SpaceFleet, tmp_path: Path) -> dict[str, Any]:
+def _run(
+    what: str, store: str, spaces: str, tmp_path: Path, *extra: str
+) -> dict[str, Any]:
     """One worker run over a fresh store of kind ``store``: its measurement."""
     with contextlib.contextmanager(make_url)(store, tmp_path) as url:
-        env = {**os.environ, "POOL_SPACES": fleet.pool_spaces_env(), "PYTHONPATH": str(ROOT)}
+        env = {**os.environ, "POOL_SPACES": spaces, "PYTHONPATH": str(ROOT)}
         command = [sys.executable, "-W", "error", "-W", "ignore::DeprecationWarning",
                    "-W", "always::ResourceWarning",
-                   "-m", "tests.pool._leak_worker", what, "--store", url]  # fmt: skip
+                   "-m", "tests.pool._leak_worker", what, "--store", url, *extra]  # fmt: skip
         out = subprocess.run(
             command, capture_output=True, text=True, timeout=60, env=env, cwd=ROOT
         )
@@ -45,12 +50,12 @@ def _run(what: str, store: str, fleet: SpaceFleet, tmp_path: Path) -> dict[str, 
     return result
 
 
-def _assert_back_to_baseline(result: dict[str, Any]) -> None:
+def _assert_back_to_baseline(result: dict[str, Any], *, min_threads: int = 10) -> None:
     base, peak, after = result["baseline"], result["peak"], result["after"]
     # The run really opened what must be closed (else this test could not fail).
     assert any("_stream_heartbeat" in name for name in peak["threads"]), peak["threads"]
     assert any(name.startswith("spacepool-io") for name in peak["threads"]), peak["threads"]
-    assert len(peak["threads"]) >= len(base["threads"]) + 10, peak["threads"]
+    assert len(peak["threads"]) >= len(base["threads"]) + min_threads, peak["threads"]
     assert len(peak["fds"]) > len(base["fds"]), peak["fds"]
     assert after["threads"] == base["threads"], after["threads"]
     assert after["non_daemon"] == base["non_daemon"]
@@ -64,7 +69,7 @@ def test_pool_aclose_returns_threads_and_fds_to_baseline(
     store: str, clean_fleet: SpaceFleet, tmp_path: Path
 ) -> None:
     """Pool.aclose() ends every thread and closes every fd the pool opened, per store."""
-    result = _run("pool", store, clean_fleet, tmp_path)
+    result = _run("pool", store, clean_fleet.pool_spaces_env(), tmp_path)
     _assert_back_to_baseline(result)
     if store == "sqlite":
         assert any(n == "spacepool-sqlite" for n in result["peak"]["threads"])
@@ -80,4 +85,19 @@ def test_service_shutdown_returns_threads_and_fds_to_baseline(
     store: str, clean_fleet: SpaceFleet, tmp_path: Path
 ) -> None:
     """The app's lifespan shutdown (a job running, shared job store) leaves nothing."""
-    _assert_back_to_baseline(_run("app", store, clean_fleet, tmp_path))
+    _assert_back_to_baseline(_run("app", store, clean_fleet.pool_spaces_env(), tmp_path))
+
+
+def test_aclose_cuts_requests_to_a_space_that_stopped_answering(tmp_path: Path) -> None:
+    """A frozen Space: aclose() ends a job waiting on /queue/join and a Client waiting on
+    /config at once (not at the 30 s read timeout), and leaves nothing behind."""
+    with SpaceProcess("ice") as ice:
+        try:
+            result = _run(
+                "stuck", "memory", f"ice={ice.url}", tmp_path, "--freeze-pid", str(ice.pid)
+            )
+        finally:
+            os.kill(ice.pid, signal.SIGCONT)  # the worker thaws it too; never leave it frozen
+    _assert_back_to_baseline(result, min_threads=3)
+    # The waiting job fails as a dropped call; the connection being opened as closed.
+    assert result["outcomes"] == ["UpstreamTransportError", "PoolClosedError"], result
