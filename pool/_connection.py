@@ -19,6 +19,7 @@ answer, bounded by the connect timeout) or resolving a host name.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import enum
 import functools
@@ -53,6 +54,7 @@ class Connection:
 
     __slots__ = (
         "app_id",
+        "cancels",
         "client",
         "created_at",
         "failures",
@@ -73,6 +75,9 @@ class Connection:
         self.failures = 0
         self.state = ConnState.IDLE
         self.used_by: str | None = None
+        # Job cancels (``/cancel`` requests) still in flight: closing waits for them,
+        # as cutting the connections would stop them reaching the Space.
+        self.cancels: list[asyncio.Future[Any]] = []
 
     def is_idle_longer_than(self, seconds: float, now: float) -> bool:
         return self.state is ConnState.IDLE and now - self.last_used >= seconds

@@ -90,7 +90,8 @@ class PooledJob:
         self._handle._dirty = True
         loop = asyncio.get_running_loop()
         with contextlib.suppress(Exception):
-            await loop.run_in_executor(self._handle._executor, self._job.cancel)
+            cancel = loop.run_in_executor(self._handle._executor, self._job.cancel)
+            await self._handle._track(cancel)
 
     def _cancel_in_background(self) -> None:
         if not self._cancelled and not self._future.done():
@@ -99,7 +100,9 @@ class PooledJob:
             # RuntimeError: the pool is closed (its executor shut down), and closing
             # the connection already cut the job's stream, which drops it upstream.
             with contextlib.suppress(RuntimeError):
-                loop.run_in_executor(self._handle._executor, _quiet_cancel, self._job)
+                self._handle._track(
+                    loop.run_in_executor(self._handle._executor, _quiet_cancel, self._job)
+                )
 
     def __await__(self) -> Any:
         return self.result().__await__()
@@ -180,6 +183,12 @@ class PooledClient:
         """Run one job and return its result; ``timeout`` cancels it upstream."""
         job = await self.submit(*args, api_name=api_name, **kwargs)
         return await job.result(timeout=timeout)
+
+    def _track(self, cancel: asyncio.Future[Any]) -> asyncio.Future[Any]:
+        """Note a job cancel in flight: closing the connection waits for it."""
+        if self._conn is not None:
+            self._conn.cancels = [c for c in self._conn.cancels if not c.done()] + [cancel]
+        return cancel
 
     def _failed(self, classified: Classified) -> None:
         if classified.discard_connection:

@@ -353,6 +353,9 @@ class SpacePool:
 
     async def _close(self, conn: Connection) -> None:
         conn.state = ConnState.CLOSED
+        if pending := [c for c in conn.cancels if not c.done()]:
+            # Let the job cancels reach the Space before their connections are cut.
+            await asyncio.wait(pending, timeout=_CLOSE_WAIT_S)
         loop = asyncio.get_running_loop()
         threads = await loop.run_in_executor(self._executor, close_client, conn.client)
         left = await wait_ended(threads, _CLOSE_WAIT_S)
