@@ -170,13 +170,16 @@ def _shut(stream: Any) -> None:
 
     ``shutdown`` of the plain socket, not ``close``: closing an fd does not wake a
     thread blocked reading it, and ``SSLSocket.shutdown`` would tear the TLS object
-    down under the reader. The reader's own ``with`` block closes the socket. A
-    socket already closed (or detached by TLS) has no fd any more: nothing to do.
+    down under the reader. The read side only (``SHUT_RD``): the reader sees a clean
+    end of stream (``RemoteProtocolError``, which gradio_client's result reader takes
+    quietly), where a FIN to the server could draw a reset (``ReadError``, printed with
+    its traceback). The reader's own ``with`` block then closes the socket. A socket
+    already closed (or detached by TLS) has no fd any more: nothing to do.
     """
     sock = stream.get_extra_info("socket")
     if isinstance(sock, socket.socket):
         with contextlib.suppress(OSError):
-            socket.socket.shutdown(sock, socket.SHUT_RDWR)
+            socket.socket.shutdown(sock, socket.SHUT_RD)
 
 
 class GradioFactory:
