@@ -150,7 +150,8 @@ class StreamCutter(httpx.Auth):
         if stream is None:
             return
         with self._lock:
-            self._streams.add(stream)
+            with contextlib.suppress(TypeError):  # a backend's stream without weakrefs
+                self._streams.add(stream)
             cut = self._cut
         if cut:  # connected after the Client was closed: end it at once
             _shut(stream)

@@ -13,18 +13,21 @@ target: exactly equal.
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import json
 import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from devspaces import SpaceFleet, SpaceProcess
+from pool._connection import close_client, gradio_factory
 from tests.admission.conftest import STORES, make_url
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -101,3 +104,28 @@ def test_aclose_cuts_requests_to_a_space_that_stopped_answering(tmp_path: Path) 
     _assert_back_to_baseline(result, min_threads=3)
     # The waiting job fails as a dropped call; the connection being opened as closed.
     assert result["outcomes"] == ["UpstreamTransportError", "PoolClosedError"], result
+
+
+def test_close_client_ends_every_thread_of_a_client_at_once(clean_fleet: SpaceFleet) -> None:
+    """close_client() cuts a Client's streams: its heartbeat, result reader and job
+    threads end within 1 s (not at the server's next 15 s ping), the job with them."""
+    from gradio_client.utils import Status
+
+    open_client = gradio_factory(
+        token=None, connect_timeout_s=5.0, read_timeout_s=30.0, max_workers=2
+    )
+    client = open_client(clean_fleet["alpha"].url)
+    job = client.submit("slow", 30.0, api_name="/echo")
+    deadline = time.monotonic() + 10
+    while job.status().code != Status.PROCESSING:
+        assert time.monotonic() < deadline, "the job did not start"
+        time.sleep(0.02)
+    threads = close_client(client)
+    assert client.heartbeat in threads and len(threads) >= 4, threads
+    ended_by = time.monotonic() + 1.0
+    for thread in threads:
+        thread.join(max(0.0, ended_by - time.monotonic()))
+    assert [t.name for t in threads if t.is_alive()] == []
+    assert job.done()
+    with pytest.raises(concurrent.futures.CancelledError):  # as for a dropped stream
+        job.result(timeout=0)
