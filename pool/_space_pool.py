@@ -33,8 +33,9 @@ from ._threads import wait_ended
 # Failure kinds worth retrying when opening a connection (SPEC 4.4).
 _RETRY_KINDS = frozenset({"connect", "timeout", "transport", "http_5xx", "rate_limited"})
 _SETTLE_S = 2.0
-# How long closing a connection waits for its Client's threads (they end within
-# milliseconds once their streams are cut; only a request that hangs takes longer).
+# How long closing a connection waits for its job cancels, then for its Client's
+# threads (they end within milliseconds once its connections are cut; only a thread
+# still connecting, or resolving a host name, can take longer).
 _CLOSE_WAIT_S = 3.0
 _log = logging.getLogger("spacepool")
 
@@ -359,7 +360,7 @@ class SpacePool:
         loop = asyncio.get_running_loop()
         threads = await loop.run_in_executor(self._executor, close_client, conn.client)
         left = await wait_ended(threads, _CLOSE_WAIT_S)
-        if left:  # a job thread in a request that hangs: its own timeout ends it
+        if left:  # still connecting: the connect timeout ends it
             _log.warning("space %s: %d thread(s) of a closed connection still running",
                          self.name, len(left))
 
