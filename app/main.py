@@ -6,7 +6,8 @@
 The lifespan owns the pool: it takes the process-wide pool (``pool.get_pool()``, built
 from ``POOL_*`` settings; no Space is contacted until the first request), subscribes
 the metrics to its hooks, runs the job runner, and on shutdown cancels running jobs
-and closes the pool (every connection and lease).
+and closes the pool (every connection and lease): once shutdown returns, the process
+has the threads and file descriptors it had before the pool was first used.
 
 Behind this module, one concept each:
 
@@ -99,8 +100,9 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
         sweeper.cancel()
         await files.aclose()
         sampler.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await sampler
+        for task in (watcher, sampler):  # ended before the pool closes under them
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
         await runner.aclose()
         for hook in (on_pool_event, activity.on_event):
             with contextlib.suppress(ValueError):

@@ -111,13 +111,19 @@ class PooledJob:
         self._handle._dirty = True
         loop = asyncio.get_running_loop()
         with contextlib.suppress(Exception):
-            await loop.run_in_executor(self._handle._executor, self._job.cancel)
+            cancel = loop.run_in_executor(self._handle._executor, self._job.cancel)
+            await self._handle._track(cancel)
 
     def _cancel_in_background(self) -> None:
         if not self._cancelled and not self._future.done():
             self._cancelled = True
             loop = asyncio.get_running_loop()
-            loop.run_in_executor(self._handle._executor, _quiet_cancel, self._job)
+            # RuntimeError: the pool is closed (its executor shut down), and closing
+            # the connection already cut the job's stream, which drops it upstream.
+            with contextlib.suppress(RuntimeError):
+                self._handle._track(
+                    loop.run_in_executor(self._handle._executor, _quiet_cancel, self._job)
+                )
 
     def __await__(self) -> Any:
         return self.result().__await__()
@@ -270,6 +276,12 @@ class PooledClient:
             if own_http:
                 await http.aclose()
         return _files.replace_files(value, lambda data: fetched[id(data)])
+
+    def _track(self, cancel: asyncio.Future[Any]) -> asyncio.Future[Any]:
+        """Note a job cancel in flight: closing the connection waits for it."""
+        if self._conn is not None:
+            self._conn.cancels = [c for c in self._conn.cancels if not c.done()] + [cancel]
+        return cancel
 
     def _failed(self, classified: Classified) -> None:
         if classified.discard_connection:

@@ -59,6 +59,7 @@ from ._routing import Router, user_key
 from ._settings import PoolSettings
 from ._space_pool import SpacePool
 from ._spaces import SpaceSpec, parse_spaces
+from ._threads import shutdown_executor
 from .admission import (
     CONSUMER_PREFIX,
     GLOBAL_RESOURCE,
@@ -87,6 +88,7 @@ _log = logging.getLogger("spacepool")
 # they are not provider failures (they say nothing about its capacity).
 _WAKE_KINDS = frozenset({"wake_timeout", "paused", "space_error"})
 _SPACE_COOLDOWN_S = 30.0
+_CLOSE_WAIT_S = 5.0  # aclose() waits this long at most for the I/O threads to end
 
 
 @dataclass(frozen=True)
@@ -130,7 +132,13 @@ class Pool:
         self._owns_coordinator = coordinator is None
         self._clock = clock
         self._wall = wall
-        self._control: SpaceControl = space_control or HubSpaceControl(token)
+        # Blocking work (gradio_client's open, close, cancel; Hub API calls) runs here,
+        # never on the loop nor in its default executor: our own executor (threads
+        # start on first use), so that aclose() can end its threads.
+        self._executor = ThreadPoolExecutor(16, thread_name_prefix="spacepool-io")
+        self._control: SpaceControl = space_control or HubSpaceControl(
+            token, executor=self._executor
+        )
         self.retry_policy = RetryPolicy(s.retry_attempts, s.retry_backoff_s, s.retry_backoff_max_s)
         self.resource_cap = resource_cap()
         ceiling = min(s.max_connections, self.resource_cap.cap, s.window_max)
@@ -145,10 +153,6 @@ class Pool:
         self._board: HealthBoard | None = None
         self._waker: Waker | None = None
         self.router = Router(ttl_s=s.assignment_ttl_s, clock=clock)
-        # Blocking gradio_client work (open, close, cancel) runs here, never on the
-        # loop; our own executor (threads start on first use) so that aclose() can
-        # shut its threads down.
-        self._executor = ThreadPoolExecutor(16, thread_name_prefix="spacepool-io")
         self.spaces: dict[str, SpacePool] = {
             spec.name: SpacePool(
                 spec,
@@ -247,7 +251,12 @@ class Pool:
         return self._waker
 
     async def aclose(self) -> None:
-        """Close every connection, release every lease, stop background work."""
+        """Close every connection, release every lease, stop background work.
+
+        Returns once the threads and sockets the pool opened are gone: gradio_client's
+        (heartbeat, executors, result-stream reader), the ``spacepool-io`` threads, the
+        store's connections and worker thread, the health checker's HTTP client.
+        """
         if self._closed:
             return
         self._closed = True
@@ -255,6 +264,11 @@ class Pool:
             self._maintenance.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._maintenance
+        for sp in self.spaces.values():
+            sp.close_nowait()
+        cut_opening = getattr(self._factory, "cut_opening", None)
+        if cut_opening is not None:  # Clients under construction fail now, not at timeout
+            cut_opening()
         await asyncio.gather(*(sp.aclose() for sp in self.spaces.values()))
         if self._started:
             with contextlib.suppress(Exception):
@@ -263,7 +277,9 @@ class Pool:
             await self._http.aclose()
         if self._coordinator is not None and self._owns_coordinator:
             await self._coordinator.aclose()
-        self._executor.shutdown(wait=False, cancel_futures=True)
+        left = await shutdown_executor(self._executor, _CLOSE_WAIT_S)
+        if left:
+            _log.warning("pool closed with %d I/O thread(s) still running", len(left))
 
     # -- the request path -----------------------------------------------------------------
     def hash_user(self, email: str | None) -> str | None:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import time
 from collections import deque
 from collections.abc import Callable
@@ -27,10 +28,16 @@ from ._connection import ClientFactory, Connection, ConnState, close_client
 from ._errors import classify_connect
 from ._exceptions import PoolClosedError, PoolError
 from ._spaces import SpaceSpec
+from ._threads import wait_ended
 
 # Failure kinds worth retrying when opening a connection (SPEC 4.4).
 _RETRY_KINDS = frozenset({"connect", "timeout", "transport", "http_5xx", "rate_limited"})
 _SETTLE_S = 2.0
+# How long closing a connection waits for its job cancels, then for its Client's
+# threads (they end within milliseconds once its connections are cut; only a thread
+# still connecting, or resolving a host name, can take longer).
+_CLOSE_WAIT_S = 3.0
+_log = logging.getLogger("spacepool")
 
 
 class SpacePool:
@@ -117,6 +124,8 @@ class SpacePool:
 
     def checkin(self, conn: Connection, *, discard: bool) -> None:
         """Give ``conn`` back; a discarded or stale one is closed and replaced."""
+        if self._closed and conn.state is ConnState.CLOSED:
+            return  # returned after aclose(), which closed it already
         self._leased.discard(conn)
         conn.last_used = self._clock()
         if discard or self._closed or conn.generation != self.generation:
@@ -258,6 +267,8 @@ class SpacePool:
             except PoolClosedError:
                 raise
             except Exception as exc:
+                if self._closed:  # cut by aclose(): no retry
+                    raise PoolClosedError("pool closed while opening") from exc
                 classified = classify_connect(exc)
                 if classified.error.kind not in _RETRY_KINDS or attempt + 1 >= self._attempts:
                     raise classified.error from exc
@@ -265,9 +276,12 @@ class SpacePool:
         raise AssertionError("unreachable")
 
     def _open_blocking(self) -> Any:
+        if self._closed:
+            raise PoolClosedError("pool closed")
         client = self._factory(self.spec.src)
         if self._closed:
-            close_client(client)
+            for thread in close_client(client):  # a worker thread: joining is fine here
+                thread.join(_CLOSE_WAIT_S)
             raise PoolClosedError("pool closed while opening")
         return client
 
@@ -347,16 +361,23 @@ class SpacePool:
 
     async def _close(self, conn: Connection) -> None:
         conn.state = ConnState.CLOSED
+        if pending := [c for c in conn.cancels if not c.done()]:
+            # Let the job cancels reach the Space before their connections are cut.
+            await asyncio.wait(pending, timeout=_CLOSE_WAIT_S)
         loop = asyncio.get_running_loop()
-        await loop.run_in_executor(self._executor, close_client, conn.client)
+        threads = await loop.run_in_executor(self._executor, close_client, conn.client)
+        left = await wait_ended(threads, _CLOSE_WAIT_S)
+        if left:  # still connecting: the connect timeout ends it
+            _log.warning("space %s: %d thread(s) of a closed connection still running",
+                         self.name, len(left))
 
     def _spawn(self, coro: Any) -> None:
         task = asyncio.get_running_loop().create_task(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def aclose(self) -> None:
-        """Close every connection; waiters get :class:`PoolClosedError`."""
+    def close_nowait(self) -> None:
+        """Refuse new work, fail the waiters, start closing every connection."""
         self._closed = True
         for fut in self._waiters:
             if not fut.done():
@@ -366,6 +387,11 @@ class SpacePool:
         self._idle, self._leased = [], set()
         for conn in conns:
             self._close_later(conn)
+
+    async def aclose(self) -> None:
+        """Close every connection (waiters get :class:`PoolClosedError`); return once
+        they are closed, their threads ended, and the connections being opened too."""
+        self.close_nowait()
         while self._tasks:
             await asyncio.gather(*list(self._tasks), return_exceptions=True)
 

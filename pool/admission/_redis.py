@@ -573,6 +573,7 @@ class _RedisStore:
         self._secret: str | None = None
         self._local: LocalEntries | None = None
         self._value_locks = [asyncio.Lock() for _ in range(16)]
+        self._closed = False
 
     def attach(self, local: LocalEntries) -> None:
         self._local = local
@@ -580,6 +581,8 @@ class _RedisStore:
     # -- script calls, pipelined -----------------------------------------------------------
     async def _eval(self, op: str, owner: str, args: Sequence[str | int | float]) -> list[Any]:
         """One operation; those made in the same loop iteration share a round trip."""
+        if self._closed:  # a late call (a release after aclose) must not reconnect
+            raise StoreUnavailable(f"redis {self._where}: store closed")
         future: asyncio.Future[list[Any]] = asyncio.get_running_loop().create_future()
         if not self._batch:
             self._flushes.add(task := asyncio.get_running_loop().create_task(self._flush()))
@@ -822,6 +825,10 @@ class _RedisStore:
             delay = min(delay * 2, 1.0)
 
     async def close(self) -> None:
+        """Close every connection (the subscriber's went with its task); no reconnects."""
+        self._closed = True
+        if self._flushes:  # calls already sent: let them finish on their connections
+            await asyncio.gather(*self._flushes, return_exceptions=True)
         await self._client.aclose()
 
 

@@ -75,6 +75,7 @@ from dataclasses import dataclass
 from typing import Any, Literal, TypeVar, cast
 from urllib.parse import parse_qs, urlsplit
 
+from .._threads import wait_ended
 from ._lease_keeper import (
     LocalEntries,
     SharedCoordinator,
@@ -91,6 +92,7 @@ _log = logging.getLogger("pool.admission")
 _SAFETY_PASS_S = 1.0  # a poll runs a full write pass at least this often
 _BATCH = 64  # at most this many store calls share one transaction
 _POSITIONS_EVERY_S = 0.25  # how often a poll refreshes the waiters' positions
+_CLOSE_WAIT_S = 5.0  # close() waits this long at most for the worker thread (a busy file)
 
 _SCHEMA = (
     "CREATE TABLE IF NOT EXISTS limits (resource TEXT PRIMARY KEY, lim INTEGER NOT NULL)",
@@ -196,6 +198,7 @@ class _SQLiteStore:
         self._busy_timeout_s = busy_timeout_s
         self._jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
+        self._closed = False
         self._secret: bytes | None = None
         self._local: LocalEntries | None = None
         self._limits_set: dict[str, int] = {}
@@ -254,6 +257,8 @@ class _SQLiteStore:
         kind: Literal["write", "read", "close"],
         restore: bool,
     ) -> T:
+        if self._closed:  # a late call (a release after aclose) must not reopen the file
+            raise StoreUnavailable(f"sqlite {self.path}: store closed")
         if self._thread is None:
             self._thread = threading.Thread(
                 target=self._serve, name="spacepool-sqlite", daemon=True
@@ -370,18 +375,24 @@ class _SQLiteStore:
         return await self._transact(swap)  # BEGIN IMMEDIATE: atomic across processes
 
     async def close(self) -> None:
+        """Close the connection (the file's fds) and end the worker thread."""
         if self._thread is None:
+            self._closed = True
             return
         try:
             await self._submit(lambda _conn, _now: None, "close")
         finally:
-            self._jobs.put(None)
+            self._closed = True
+            self._jobs.put(None)  # the thread closes what a call queued meanwhile reopened
+            if await wait_ended([self._thread], _CLOSE_WAIT_S):
+                _log.warning("sqlite %s: the worker thread did not end on close", self.path)
 
     # -- worker thread ---------------------------------------------------------------------
     def _serve(self) -> None:
         while True:
             job = self._jobs.get()
             if job is None:
+                self._close()
                 return
             batch = [job]
             while len(batch) < _BATCH:

@@ -16,7 +16,8 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections.abc import Callable
-from typing import Protocol
+from concurrent.futures import Executor
+from typing import Protocol, TypeVar
 
 import httpx
 
@@ -32,6 +33,7 @@ DOWN_STAGES = frozenset(
      "DELETING"}
 )  # fmt: skip
 RUNNING = "RUNNING"
+T = TypeVar("T")
 
 
 class SpaceControl(Protocol):
@@ -58,9 +60,14 @@ def _repo_id(spec: SpaceSpec) -> str | None:
 class HubSpaceControl:
     """:class:`SpaceControl` over ``huggingface_hub.HfApi`` (blocking calls in threads)."""
 
-    def __init__(self, token: str | None, *, timeout_s: float = 10.0) -> None:
+    def __init__(
+        self, token: str | None, *, timeout_s: float = 10.0, executor: Executor | None = None
+    ) -> None:
         self._token = token
         self._timeout_s = timeout_s
+        # The pool passes its own executor, so that no call leaves a thread in the
+        # loop's default executor (None) once the pool is closed.
+        self._executor = executor
         self._api: object | None = None
         self._hosts: dict[str, str] = {}
         self._lock = threading.Lock()
@@ -73,6 +80,11 @@ class HubSpaceControl:
                 self._api = HfApi(token=self._token or False)
             return self._api
 
+    async def _blocking(self, call: Callable[[], T]) -> T:
+        """``call()`` in the executor, within the timeout."""
+        future = asyncio.get_running_loop().run_in_executor(self._executor, call)
+        return await asyncio.wait_for(future, self._timeout_s)
+
     async def stage(self, spec: SpaceSpec) -> str | None:
         repo = _repo_id(spec)
         if repo is None:
@@ -83,7 +95,7 @@ class HubSpaceControl:
             return str(runtime.stage) if runtime.stage else None
 
         try:
-            return await asyncio.wait_for(asyncio.to_thread(ask), self._timeout_s)
+            return await self._blocking(ask)
         except Exception:  # the Hub is down or refuses: we do not know
             return None
 
@@ -92,11 +104,8 @@ class HubSpaceControl:
         if repo is None:
             return
         if restart:
-            await asyncio.wait_for(
-                asyncio.to_thread(
-                    lambda: self._hf().restart_space(repo)  # type: ignore[attr-defined]
-                ),
-                self._timeout_s,
+            await self._blocking(
+                lambda: self._hf().restart_space(repo)  # type: ignore[attr-defined]
             )
             return
         host = self._hosts.get(repo)
@@ -107,7 +116,7 @@ class HubSpaceControl:
                 return str(found.host or "")
 
             try:
-                host = await asyncio.wait_for(asyncio.to_thread(info), self._timeout_s)
+                host = await self._blocking(info)
             except Exception:
                 return
             self._hosts[repo] = host
@@ -124,10 +133,7 @@ class HubSpaceControl:
         repo = _repo_id(spec)
         if repo is None:
             return
-        await asyncio.wait_for(
-            asyncio.to_thread(lambda: self._hf().pause_space(repo)),  # type: ignore[attr-defined]
-            self._timeout_s,
-        )
+        await self._blocking(lambda: self._hf().pause_space(repo))  # type: ignore[attr-defined]
 
 
 class FakeSpaceControl:
