@@ -162,6 +162,8 @@ class _Misbehave:
 # import this one (for _Meter). "echo" is the text stand-in every older test uses.
 KINDS: dict[str, str] = {
     "echo": "devspaces._app:echo_blocks",
+    "stream": "devspaces._streaming:stream_blocks",
+    "chat": "devspaces._streaming:chat_blocks",
 }
 
 

@@ -9,6 +9,12 @@
     done = await get_pool().predict("/predict", "hello", 0, email="alice@example.com")
     done.space, done.result           # with retries, failover, breakers, one deadline
 
+    async with get_client() as client:    # a generator endpoint's partial outputs
+        job = await client.submit("hi", api_name="/chat")
+        async for text in job.stream():   # each as it arrives; the last is the result
+            print(text)
+    await get_pool().predict("/chat", "hi", on_partial=show)   # managed: show(Partial)
+
     stats = await get_pool().stats()      # the pool-stats dict
     await get_pool().aclose()             # close every connection
 
@@ -40,7 +46,7 @@ from ._exceptions import (
     UpstreamTransportError,
 )
 from ._guard import check_outbound
-from ._handle import PooledClient, PooledJob
+from ._handle import Partial, PooledClient, PooledJob
 from ._pool import Pool, Prediction
 from ._settings import PoolSettings
 from ._spaces import SpaceSpec, parse_space, parse_spaces
@@ -88,6 +94,7 @@ __all__ = [
     "InvalidRequest",
     "MisuseError",
     "NoHealthySpaceError",
+    "Partial",
     "Pool",
     "PoolClosedError",
     "PoolError",

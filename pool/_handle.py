@@ -2,7 +2,9 @@
 
 gradio_client is synchronous; its jobs already run in the Client's own threads, so a
 job's ``concurrent.futures.Future`` is awaited with ``asyncio.wrap_future`` and the
-event loop is never blocked. The handle is detached when the lease ends (asyncpg):
+event loop is never blocked. A job's partial outputs (a generator endpoint's yields)
+are read as they arrive with ``async for out in job.stream()`` (:mod:`pool._streaming`
+says how, without polling). The handle is detached when the lease ends (asyncpg):
 using it afterwards raises :class:`~pool.MisuseError`.
 """
 
@@ -12,24 +14,43 @@ import asyncio
 import concurrent.futures
 import contextlib
 import time
-from collections.abc import Callable
+from collections.abc import AsyncGenerator, Callable
 from concurrent.futures import Executor
+from dataclasses import dataclass
 from typing import Any
 
 from ._connection import Connection
 from ._errors import Classified, classify
 from ._exceptions import DeadlineExceeded, InvalidRequest, MisuseError, UnknownEndpoint
 from ._guard import check_outbound
+from ._streaming import Watch, watch
 from .resilience import Outcome
 
 FailureHook = Callable[[Classified], None]
 _RESERVED = frozenset({"fn_index", "headers", "result_callbacks"})
+DEFAULT_STREAM_KEEP = 32
+
+
+@dataclass(frozen=True)
+class Partial:
+    """One output of a running job: its index (0, 1, ...) and its value."""
+
+    index: int
+    output: Any
 
 
 class PooledJob:
-    """One submitted job; ``await job`` or ``await job.result(timeout=...)``."""
+    """One submitted job; ``await job``, ``await job.result(timeout=...)`` or
+    ``async for out in job.stream()``."""
 
-    def __init__(self, job: Any, handle: PooledClient) -> None:
+    def __init__(
+        self,
+        job: Any,
+        handle: PooledClient,
+        *,
+        generator: bool = True,
+        keep: int = DEFAULT_STREAM_KEEP,
+    ) -> None:
         self._job = job
         self._handle = handle
         self._future: asyncio.Future[Any] = asyncio.wrap_future(job.future)
@@ -37,10 +58,65 @@ class PooledJob:
         # mark it retrieved so asyncio does not log "exception was never retrieved".
         self._future.add_done_callback(_retrieve)
         self._cancelled = False
+        self._generator = generator
+        self._keep = keep
+        self._watch: Watch | None = None
 
     @property
     def done(self) -> bool:
         return self._future.done()
+
+    @property
+    def generator(self) -> bool:
+        """Whether the endpoint is a generator: its outputs arrive one by one as partials
+        (a plain endpoint has a single output, its result)."""
+        return self._generator
+
+    async def stream(self, timeout: float | None = None) -> AsyncGenerator[Any, None]:
+        """Each output of the job as the Space sends it; ends after the final one.
+
+        A generator endpoint's yields one by one (the last is the job's result); a plain
+        endpoint's one result. Only the latest ``POOL_STREAM_KEEP`` outputs are kept: a
+        reader that falls further behind skips older ones (never the latest or the
+        final). Errors, ``timeout`` and cancellation behave as in :meth:`result`.
+        """
+        async with contextlib.aclosing(self.partials(timeout)) as partials:
+            async for partial in partials:
+                yield partial.output
+
+    async def partials(self, timeout: float | None = None) -> AsyncGenerator[Partial, None]:
+        """:meth:`stream` with each output's index (a gap: older outputs were skipped)."""
+        started = time.monotonic()
+        if self._watch is None:
+            self._watch = watch(self._job, self._keep)
+            if self._watch is not None:
+                changed = self._watch.changed
+                self._future.add_done_callback(lambda _: changed.set())
+        w = self._watch
+        if w is None:  # not a gradio_client Job: the result is the only output
+            yield Partial(0, await self.result(timeout))
+            return
+        index = 0
+        while True:
+            finished = self._future.done()  # then every output is already appended
+            w.changed.clear()
+            first, outputs = w.since(index)
+            for i, output in enumerate(outputs, first):
+                index = i + 1
+                yield Partial(i, output)
+            if finished:
+                break
+            left = None if timeout is None else timeout - (time.monotonic() - started)
+            try:
+                async with asyncio.timeout(left):
+                    await w.changed.wait()
+            except TimeoutError:
+                raise await self._deadline_passed(timeout, started) from None
+            except asyncio.CancelledError:
+                self._handle._dirty = True
+                self._cancel_in_background()
+                raise
+        await self.result()  # done: its error, or the outcome "success"
 
     def status(self) -> Any:
         """gradio_client's status update (rank in the Space's queue, ETA, …)."""
@@ -53,14 +129,7 @@ class PooledJob:
             async with asyncio.timeout(timeout):
                 result = await asyncio.shield(self._future)
         except TimeoutError:
-            self._handle._dirty = True
-            await self.cancel()
-            error = DeadlineExceeded(
-                f"deadline of {timeout:.1f}s passed after {time.monotonic() - started:.1f}s; "
-                "the upstream job was cancelled"
-            )
-            self._handle._failed(Classified(error, False))
-            raise error from None
+            raise await self._deadline_passed(timeout, started) from None
         except asyncio.CancelledError:
             task = asyncio.current_task()
             if self._future.done() and task is not None and not task.cancelling():
@@ -81,6 +150,17 @@ class PooledJob:
             raise classified.error from exc
         self._handle.outcome = "success"
         return result
+
+    async def _deadline_passed(self, timeout: float | None, started: float) -> DeadlineExceeded:
+        """Cancel the job upstream and return the error to raise."""
+        self._handle._dirty = True
+        await self.cancel()
+        error = DeadlineExceeded(
+            f"deadline of {timeout or 0:.1f}s passed after {time.monotonic() - started:.1f}s; "
+            "the upstream job was cancelled"
+        )
+        self._handle._failed(Classified(error, False))
+        return error
 
     async def cancel(self) -> None:
         """Cancel the job upstream (posts the Space's ``/cancel``)."""
@@ -123,10 +203,12 @@ class PooledClient:
         executor: Executor,
         *,
         guard: bool = False,
+        stream_keep: int = DEFAULT_STREAM_KEEP,
     ) -> None:
         self._conn: Connection | None = conn
         self._executor = executor
         self._guard = guard
+        self._stream_keep = stream_keep
         self.space = space
         self._on_failure = on_failure
         self._jobs: list[PooledJob] = []
@@ -167,7 +249,9 @@ class PooledClient:
             job = conn.client.submit(*args, api_name=api_name, **kwargs)
         except (ValueError, TypeError) as exc:
             raise InvalidRequest(f"cannot call {api_name or 'the endpoint'}: {exc}") from exc
-        pooled = PooledJob(job, self)
+        pooled = PooledJob(
+            job, self, generator=conn.is_generator(api_name), keep=self._stream_keep
+        )
         self._jobs.append(pooled)
         return pooled
 

@@ -52,7 +52,7 @@ from ._exceptions import (
     UnknownSpace,
     UpstreamTransportError,
 )
-from ._handle import PooledClient
+from ._handle import Partial, PooledClient
 from ._routing import Router, user_key
 from ._settings import PoolSettings
 from ._space_pool import SpacePool
@@ -305,7 +305,12 @@ class Pool:
             self.settings.secret_guard == "auto" and sp.spec.is_hub
         )
         handle = PooledClient(
-            conn, sp.name, lambda c: self._on_failure(sp, c), self._executor, guard=guard
+            conn,
+            sp.name,
+            lambda c: self._on_failure(sp, c),
+            self._executor,
+            guard=guard,
+            stream_keep=self.settings.stream_keep,
         )
         try:
             yield handle
@@ -339,6 +344,7 @@ class Pool:
         safe_to_retry: bool = False,
         ticket: WaitTicket | None = None,
         on_admitted: Callable[[str], Awaitable[None]] | None = None,
+        on_partial: Callable[[Partial], Awaitable[None]] | None = None,
     ) -> Prediction:
         """One predict with the pool's retry policy, failover and deadline.
 
@@ -347,6 +353,11 @@ class Pool:
         repeating it is harmless. ``timeout`` bounds the whole call, queueing and
         retries included: on expiry the upstream job is cancelled and
         :class:`DeadlineExceeded` raised. ``on_admitted(space)`` runs once a slot is held.
+
+        ``on_partial(partial)`` is awaited for each partial output of a generator
+        endpoint as it arrives (:meth:`PooledJob.partials`; a reader slower than the
+        Space skips older partials, never the latest); the result is the final output.
+        Once a partial was delivered the call is never retried.
         """
         started = self._clock()
         deadline = None if timeout is None else started + timeout
@@ -355,6 +366,7 @@ class Pool:
         )
         failed: list[str] = []
         attempt = 0
+        delivered = False
         while True:
             attempt += 1
             remaining = None if deadline is None else deadline - self._clock()
@@ -378,9 +390,19 @@ class Pool:
                     left = None if deadline is None else deadline - self._clock()
                     if left is not None and left <= 0:
                         raise DeadlineExceeded("the deadline passed while queued")
-                    result = await handle.predict(
-                        *args, api_name=api_name, timeout=left, **(kwargs or {})
-                    )
+                    if on_partial is None:
+                        result = await handle.predict(
+                            *args, api_name=api_name, timeout=left, **(kwargs or {})
+                        )
+                    else:
+                        job = await handle.submit(*args, api_name=api_name, **(kwargs or {}))
+                        if job.generator:
+                            async with contextlib.aclosing(job.partials(left)) as partials:
+                                async for partial in partials:
+                                    delivered = True
+                                    await on_partial(partial)
+                        left = None if deadline is None else deadline - self._clock()
+                        result = await job.result(timeout=left)
                     return Prediction(
                         space=served,
                         result=result,
@@ -389,7 +411,9 @@ class Pool:
                         attempts=attempt,
                     )
             except UpstreamTransportError as exc:
-                if not self.retry_policy.should_retry(exc, attempt, safe_to_retry=safe_to_retry):
+                if delivered or not self.retry_policy.should_retry(
+                    exc, attempt, safe_to_retry=safe_to_retry
+                ):
                     raise
                 delay = self.retry_policy.delay(attempt)
                 if deadline is not None and self._clock() + delay >= deadline:

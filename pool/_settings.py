@@ -53,6 +53,9 @@ class PoolSettings(BaseSettings):
     secret_guard: Literal["auto", "on", "off"] = Field(
         default="auto", description="refuse payloads carrying secrets; auto = Hub Spaces only"
     )
+    stream_keep: int = Field(
+        default=32, ge=1, le=10_000, description="partial outputs kept per stream reader"
+    )
     user_hash_key: SecretStr | None = None
     admin_token: SecretStr | None = None
     api_token: SecretStr | None = None
