@@ -34,6 +34,7 @@ from ._schemas import (
 )
 from ._schemas import ErrorBody as _ErrorBody
 from ._settings import ServiceSettings
+from ._streaming import open_stream, wants_stream
 
 _log = logging.getLogger("spacepool.app")
 KEEPALIVE_S = 15.0
@@ -91,11 +92,25 @@ async def index() -> dict[str, Any]:
     }
 
 
-@api.post("/api/predict", response_model=PredictResponse, responses=_ERRORS, tags=["predict"])
-async def predict(body: PredictRequest, request: Request) -> PredictResponse:
-    """Run one predict on a pooled connection and return its result."""
+@api.post(
+    "/api/predict",
+    response_model=PredictResponse,
+    responses={
+        200: {
+            "content": {"application/json": {}, "text/event-stream": {}},
+            "description": "the result; with stream: true (or Accept: text/event-stream)"
+            " Server-Sent Events, one per partial output, then the result",
+        },
+        **_ERRORS,
+    },
+    tags=["predict"],
+)
+async def predict(body: PredictRequest, request: Request) -> PredictResponse | Response:
+    """Run one predict on a pooled connection and return its result (or stream it)."""
     settings = _settings(request)
     pool = _prepare(request, body)
+    if wants_stream(body, request):
+        return await open_stream(pool, body, request, settings)
     ctx = context_of(request)
 
     async def admitted(space: str) -> None:

@@ -86,6 +86,11 @@ class PredictRequest(BaseModel):
         description="the call is idempotent: retry it even after the Space accepted it"
         " (calls the Space never accepted are retried anyway)",
     )
+    stream: bool = Field(
+        default=False,
+        description="POST /api/predict only: answer with Server-Sent Events, one per partial"
+        " output, then the result (same as Accept: text/event-stream); jobs always stream",
+    )
 
     @field_validator("api_name")
     @classmethod
@@ -147,6 +152,12 @@ class JobView(BaseModel):
     error: dict[str, Any] | None = Field(default=None, description="when failed or cancelled")
     queued_ms: float | None = None
     duration_ms: float | None = None
+    partial: Any = Field(
+        default=None, description="while running (and after a failure): the latest partial output"
+    )
+    partial_index: int | None = Field(
+        default=None, description="index (0, 1, ...) of the latest partial output"
+    )
 
 
 class ErrorBody(BaseModel):
