@@ -135,7 +135,7 @@ async def test_app_error_after_partials_carries_the_apps_message(
     async def on_partial(partial: Partial) -> None:
         got.append(partial)
 
-    with pytest.raises(UpstreamAppError, match="^stream failed: e$"):
+    with pytest.raises(UpstreamAppError, match=r"^stream failed: e$"):
         await pool.predict("/stream_fail", "e", 2, 0.05, space="streamer", on_partial=on_partial)
     assert [p.index for p in got] == [0, 1]
     await idle(pool, stream_spaces["streamer"])
@@ -244,5 +244,5 @@ async def test_chat_space_gr_error_reaches_the_caller_as_its_message(
 ) -> None:
     """gr.Error("failed: boom") in the chat Space: UpstreamAppError with that message."""
     pool = make_stream_pool()
-    with pytest.raises(UpstreamAppError, match="^failed: boom$"):
+    with pytest.raises(UpstreamAppError, match=r"^failed: boom$"):
         await pool.predict("/fail", "boom", space="chat")
