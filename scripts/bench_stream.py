@@ -169,9 +169,10 @@ def main() -> None:
             proc.terminate()
             proc.wait(timeout=15)
     stop.set()
+    load = Summary.of(loads)
     print(
         f"{args.rounds} calls per variant, {args.count} partials {args.interval * 1000:.0f} ms"
-        f" apart; load average 1 min {fmt_summary(Summary.of(loads), '')} (median, min–max)"
+        f" apart; load average (1 min) {load.median:.1f} ({load.low:.1f}–{load.high:.1f})"
     )
     medians: dict[str, dict[str, float]] = {}
     for variant, samples in results.items():
