@@ -33,6 +33,7 @@ from typing import Any
 
 from fastapi import Request
 from fastapi.responses import StreamingResponse
+from starlette.types import Receive, Scope, Send
 
 from pool import Partial, Pool
 
@@ -146,11 +147,26 @@ async def open_stream(
         raise
     if isinstance(events.final, BaseException) and not events.admitted:
         raise events.final  # never admitted: the plain HTTP error
-    return StreamingResponse(
-        _read(events, task, ctx),
-        media_type="text/event-stream",
-        headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
-    )
+    return _EventStream(_read(events, task, ctx), task)
+
+
+class _EventStream(StreamingResponse):
+    """The SSE response; however it ends (done, disconnect, or a caller gone before the
+    first byte, when the body is never read), the predict task is cancelled."""
+
+    def __init__(self, body: AsyncIterator[bytes], task: asyncio.Task[None]) -> None:
+        super().__init__(
+            body,
+            media_type="text/event-stream",
+            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+        )
+        self._task = task
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self._task.cancel()  # no-op once it finished
 
 
 def _sse(data: dict[str, Any], event: str | None = None) -> bytes:

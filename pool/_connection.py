@@ -34,6 +34,7 @@ class Connection:
 
     __slots__ = (
         "app_id",
+        "cancelling",
         "client",
         "created_at",
         "failures",
@@ -54,6 +55,8 @@ class Connection:
         self.failures = 0
         self.state = ConnState.IDLE
         self.used_by: str | None = None
+        # Upstream cancels of jobs not yet named by the Space; closing waits for them.
+        self.cancelling: list[Any] = []
 
     def is_idle_longer_than(self, seconds: float, now: float) -> bool:
         return self.state is ConnState.IDLE and now - self.last_used >= seconds

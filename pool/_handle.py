@@ -29,6 +29,7 @@ from .resilience import Outcome
 FailureHook = Callable[[Classified], None]
 _RESERVED = frozenset({"fn_index", "headers", "result_callbacks"})
 DEFAULT_STREAM_KEEP = 32
+NAME_WAIT_S = 5.0  # longest wait for a just-submitted job's event id, to cancel it
 
 
 @dataclass(frozen=True)
@@ -170,13 +171,16 @@ class PooledJob:
         self._handle._dirty = True
         loop = asyncio.get_running_loop()
         with contextlib.suppress(Exception):
-            await loop.run_in_executor(self._handle._executor, self._job.cancel)
+            await loop.run_in_executor(self._handle._executor, _quiet_cancel, self._job)
 
     def _cancel_in_background(self) -> None:
         if not self._cancelled and not self._future.done():
             self._cancelled = True
+            unnamed = getattr(getattr(self._job, "communicator", None), "event_id", 1) is None
             loop = asyncio.get_running_loop()
-            loop.run_in_executor(self._handle._executor, _quiet_cancel, self._job)
+            pending = loop.run_in_executor(self._handle._executor, _quiet_cancel, self._job)
+            if unnamed:  # the connection's close waits for it (see _quiet_cancel)
+                self._handle._unnamed.append(pending)
 
     def __await__(self) -> Any:
         return self.result().__await__()
@@ -188,8 +192,27 @@ def _retrieve(future: asyncio.Future[Any]) -> None:
 
 
 def _quiet_cancel(job: Any) -> None:
+    """Cancel ``job`` upstream, in a worker thread; never raises.
+
+    gradio_client's ``Job.cancel()`` posts the Space's ``/cancel`` with the event id it
+    knows at that moment. Cancelled right after submit (a stream whose caller left at
+    once), it knows none yet: the Space would run the job to its end. So wait (bounded)
+    until the Space has named the job, then post the cancel again.
+    """
     with contextlib.suppress(Exception):
+        communicator = getattr(job, "communicator", None)
+        named = getattr(communicator, "event_id", None) is not None
         job.cancel()
+        cancel_fn = getattr(job, "cancel_fn", None)
+        if named or communicator is None or cancel_fn is None:
+            return
+        deadline = time.monotonic() + NAME_WAIT_S
+        while communicator.event_id is None and time.monotonic() < deadline:
+            if job.future.done():
+                break
+            time.sleep(0.02)
+        if communicator.event_id is not None:
+            cancel_fn()
 
 
 class PooledClient:
@@ -212,6 +235,7 @@ class PooledClient:
         self.space = space
         self._on_failure = on_failure
         self._jobs: list[PooledJob] = []
+        self._unnamed: list[asyncio.Future[None]] = []  # cancels of jobs not yet named
         self._dirty = False
         self.broken = False
         # What the last job said about the Space's capacity (the adaptive window's
@@ -274,5 +298,11 @@ class PooledClient:
             if not job.done:
                 self._dirty = True
                 job._cancel_in_background()
+        if self._conn is not None:
+            # A job cancelled right after submit still has its join on the way: closing
+            # the Client now would shut its executors under it, the job would never
+            # learn its event id and the Space would run it to the end, unwatched. The
+            # connection's close waits (bounded) for those cancels (_quiet_cancel).
+            self._conn.cancelling = [f for f in self._unnamed if not f.done()]
         self._conn = None
         return self.broken or self._dirty

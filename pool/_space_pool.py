@@ -26,6 +26,7 @@ import httpx
 from ._connection import ClientFactory, Connection, ConnState, close_client
 from ._errors import classify_connect
 from ._exceptions import PoolClosedError, PoolError
+from ._handle import NAME_WAIT_S
 from ._spaces import SpaceSpec
 
 # Failure kinds worth retrying when opening a connection (SPEC 4.4).
@@ -340,6 +341,9 @@ class SpacePool:
 
     async def _close(self, conn: Connection) -> None:
         conn.state = ConnState.CLOSED
+        if conn.cancelling:  # a just-submitted job's cancel needs the Client a moment more
+            await asyncio.wait(conn.cancelling, timeout=NAME_WAIT_S)
+            conn.cancelling = []
         loop = asyncio.get_running_loop()
         await loop.run_in_executor(self._executor, close_client, conn.client)
 

@@ -190,6 +190,26 @@ async def test_cancelling_a_stream_reader_cancels_the_job_and_frees_the_slot(
     await idle(pool, stream_spaces["streamer"])
 
 
+async def test_a_job_left_right_after_submit_is_cancelled_on_the_space(
+    make_stream_pool: PoolBuilder, stream_spaces: dict[str, SpaceProcess]
+) -> None:
+    """The lease ends right after submit (join still on its way): the lease waits until
+    the Space named the job and cancels it there, instead of closing the connection
+    under it (the Space then ran the 4 s stream to its end, unwatched)."""
+    streamer = stream_spaces["streamer"]
+    pool = make_stream_pool(max_connections=1)
+    await pool.predict("/echo", "warm", 0, space="streamer")
+    streamer.reset()
+    async with pool.client(space="streamer") as client:
+        await client.submit("gone", 20, 0.2, api_name="/stream")
+    deadline = time.monotonic() + 5
+    while not (calls := await asyncio.to_thread(streamer.intervals)):
+        assert time.monotonic() < deadline, "the Space's call did not end within 5 s"
+        await asyncio.sleep(0.05)
+    assert len(calls) == 1 and calls[0][1] - calls[0][0] < 2.0, calls
+    await idle(pool, streamer)
+
+
 async def test_no_retry_once_a_partial_was_delivered(
     make_stream_pool: PoolBuilder,
 ) -> None:

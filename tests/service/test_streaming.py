@@ -260,6 +260,52 @@ async def test_disconnecting_stream_client_cancels_upstream_and_frees_the_slot(
         await eventually(freed, 10, "the stream cancelled upstream and its slot freed")
 
 
+async def test_stream_caller_gone_while_queued_is_cancelled_once_admitted(
+    stream_service: ServiceProcess, streamer: SpaceProcess
+) -> None:
+    """A stream:true caller queued behind another (one connection) disconnects: once the
+    blocker ends, its call is admitted and cancelled at once, not run for 10 s."""
+    blocker = {"api_name": "/stream", "args": ["b", 50, 0.2], "space": "streamer", "stream": True}
+    queued = {**blocker, "args": ["q", 50, 0.2]}
+    async with stream_service.client() as client, stream_service.client() as other:
+        async with client.stream("POST", "/api/predict", json=blocker) as response:
+            reader = read_sse(response)  # kept open: the blocker streams on meanwhile
+            async with asyncio.timeout(20):
+                while "partial" not in (await anext(reader))[1]:
+                    pass
+            waiter = asyncio.create_task(other.post("/api/predict", json=queued))
+
+            async def is_queued() -> bool:
+                stats = (await client.get("/api/admin/pool-stats", headers=admin_headers())).json()
+                waiting = stats["totalQueued"] + stats["pools"]["streamer"]["localWaiters"]
+                return bool(waiting >= 1)  # for a slot, or for the one connection
+
+            await eventually(is_queued, 10, "the second stream queued")
+            waiter.cancel()  # the queued caller gives up and closes its connection
+            with pytest.raises(asyncio.CancelledError):
+                await waiter
+            await reader.aclose()
+        seen: dict[str, Any] = {}
+
+        async def freed() -> bool:
+            stats = (await client.get("/api/admin/pool-stats", headers=admin_headers())).json()
+            space = await asyncio.to_thread(streamer.stats)
+            seen.update(
+                space_in_flight=space.in_flight, space_total=space.total,
+                global_in_use=stats["admission"]["globalInUse"], queued=stats["totalQueued"],
+                waiters=stats["pools"]["streamer"]["localWaiters"],
+            )  # fmt: skip
+            return not (seen["space_in_flight"] or seen["global_in_use"] or seen["queued"]
+                        or seen["waiters"])  # fmt: skip
+
+        deadline = time.monotonic() + 8
+        while not await freed():
+            assert time.monotonic() < deadline, f"not freed within 8 s: {seen}"
+            await asyncio.sleep(0.05)
+        calls = await asyncio.to_thread(streamer.intervals)
+        assert len(calls) <= 2 and all(end - start < 5 for start, end in calls), calls
+
+
 async def test_chat_state_is_not_shared_between_users_over_http(
     stream_service: ServiceProcess, stream_spaces: dict[str, SpaceProcess]
 ) -> None:
