@@ -165,22 +165,28 @@ class PooledJob:
 
     async def cancel(self) -> None:
         """Cancel the job upstream (posts the Space's ``/cancel``)."""
-        if self._cancelled or self._future.done():
-            return
-        self._cancelled = True
-        self._handle._dirty = True
-        loop = asyncio.get_running_loop()
-        with contextlib.suppress(Exception):
-            await loop.run_in_executor(self._handle._executor, _quiet_cancel, self._job)
+        pending = self._start_cancel()
+        # A job the Space has not named yet is cancelled once it is, in the background:
+        # a deadline is not held up by a slow join.
+        if pending is not None and pending not in self._handle._unnamed:
+            with contextlib.suppress(Exception):
+                await pending
 
     def _cancel_in_background(self) -> None:
-        if not self._cancelled and not self._future.done():
-            self._cancelled = True
-            unnamed = getattr(getattr(self._job, "communicator", None), "event_id", 1) is None
-            loop = asyncio.get_running_loop()
-            pending = loop.run_in_executor(self._handle._executor, _quiet_cancel, self._job)
-            if unnamed:  # the connection's close waits for it (see _quiet_cancel)
-                self._handle._unnamed.append(pending)
+        self._start_cancel()
+
+    def _start_cancel(self) -> asyncio.Future[None] | None:
+        """Post the cancel from a worker thread (once); None if there is nothing to do."""
+        if self._cancelled or self._future.done():
+            return None
+        self._cancelled = True
+        self._handle._dirty = True
+        unnamed = getattr(getattr(self._job, "communicator", None), "event_id", 1) is None
+        loop = asyncio.get_running_loop()
+        pending = loop.run_in_executor(self._handle._executor, _quiet_cancel, self._job)
+        if unnamed:  # it waits for the Space to name the job; the connection's close too
+            self._handle._unnamed.append(pending)
+        return pending
 
     def __await__(self) -> Any:
         return self.result().__await__()
