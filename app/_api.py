@@ -36,6 +36,7 @@ from ._schemas import (
 )
 from ._schemas import ErrorBody as _ErrorBody
 from ._settings import ServiceSettings
+from ._streaming import open_stream, wants_stream
 
 _log = logging.getLogger("spacepool.app")
 KEEPALIVE_S = 15.0
@@ -142,20 +143,32 @@ async def index() -> dict[str, Any]:
 @api.post(
     "/api/predict",
     response_model=PredictResponse,
-    responses=_ERRORS,
+    responses={
+        200: {
+            "content": {"application/json": {}, "text/event-stream": {}},
+            "description": "the result; with stream: true (or Accept: text/event-stream)"
+            " Server-Sent Events, one per partial output, then the result",
+        },
+        **_ERRORS,
+    },
     tags=["predict"],
     openapi_extra=_BODY_DOC,
 )
-async def predict(request: Request) -> PredictResponse:
-    """Run one predict on a pooled connection and return its result.
+async def predict(request: Request) -> PredictResponse | Response:
+    """Run one predict on a pooled connection and return its result (or stream it).
 
     JSON, or multipart with file parts (``{"file": {"upload": ...}}`` arguments);
-    output files come back as ``{"file": {"url": "/api/files/...", ...}}``.
+    output files come back as ``{"file": {"url": "/api/files/...", ...}}``. With
+    ``"stream": true`` (or ``Accept: text/event-stream``): Server-Sent Events, one per
+    partial output, then the result.
     """
     settings = _settings(request)
     call = await _read(request)
+    body = call.body
+    files = file_output(request, body)
+    if wants_stream(body, request):
+        return await open_stream(get_pool(), call, request, settings, files)  # owns call
     try:
-        body = call.body
         pool = get_pool()
         ctx = context_of(request)
 
@@ -171,14 +184,14 @@ async def predict(request: Request) -> PredictResponse:
             timeout=body.timeout_s or settings.predict_timeout_s,
             safe_to_retry=body.safe_to_retry,
             on_admitted=admitted,
-            download_to=request.app.state.files.partial,
+            download_to=files.store.partial,
         )
     finally:
         call.cleanup()
     ctx.space, ctx.queued_ms = done.space, done.queued_ms
     return PredictResponse(
         space=done.space,
-        result=to_jsonable(done.result, file_output(request, body).render),
+        result=to_jsonable(done.result, files.render),
         queued_ms=done.queued_ms,
         duration_ms=done.duration_ms,
         attempts=done.attempts,

@@ -11,7 +11,9 @@ coordinator store (readable from every worker) without touching the runner or th
   using the pool exactly as a handler would (``get_pool().client(...)`` then
   ``predict``). The task never depends on the HTTP connection that created it.
   ``cancel`` cancels the task: the pool cancels the upstream job and frees the slot
-  on the way out.
+  on the way out. A generator endpoint's partial outputs become new versions of the
+  job (``partial``, ``partial_index``, stage ``running``), so its SSE stream sends one
+  event per partial, then the final result.
 
 Stages (``GET /api/jobs/{id}``)::
 
@@ -40,7 +42,7 @@ from dataclasses import dataclass, field, fields, replace
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
-from pool import WaitTicket, get_pool
+from pool import Partial, WaitTicket, get_pool
 
 from ._errors import JobsFull, describe
 from ._files import FileOutput
@@ -73,6 +75,8 @@ class JobRecord:
     error: dict[str, Any] | None = None
     queued_ms: float | None = None
     duration_ms: float | None = None
+    partial: Any = None  # the latest partial output (JSON already), while streaming
+    partial_index: int | None = None
 
     @property
     def final(self) -> bool:
@@ -95,6 +99,10 @@ class JobRecord:
             value = getattr(self, key)
             if value is not None:
                 out[key] = value
+        if self.partial_index is not None:
+            out["partial_index"] = self.partial_index
+            if self.stage != "done":  # once done, the result is the last partial
+                out["partial"] = self.partial
         if self.stage == "done":
             out["result"] = self.result
         return out
@@ -133,7 +141,7 @@ class JobStore(Protocol):
 @dataclass
 class _Entry:
     record: JobRecord
-    history: deque[dict[str, Any]] = field(default_factory=lambda: deque(maxlen=_HISTORY))
+    history: deque[dict[str, Any]]
     changed: asyncio.Event = field(default_factory=asyncio.Event)
 
     def since(self, version: int) -> list[dict[str, Any]]:
@@ -141,13 +149,24 @@ class _Entry:
 
 
 class MemoryJobStore:
-    """Jobs of this process: retention by age of finished jobs and a bound on count."""
+    """Jobs of this process: retention by age of finished jobs and a bound on count.
+
+    Each job keeps its latest ``history`` views (``POOL_STREAM_KEEP`` in the service): an
+    SSE reader further behind skips older ones (partials of a fast stream) and still
+    gets the latest and the final one.
+    """
 
     def __init__(
-        self, *, retention_s: float, max_jobs: int, clock: Callable[[], float] = time.time
+        self,
+        *,
+        retention_s: float,
+        max_jobs: int,
+        clock: Callable[[], float] = time.time,
+        history: int = _HISTORY,
     ) -> None:
         self.retention_s = retention_s
         self.max_jobs = max_jobs
+        self.history = max(1, history)
         self._clock = clock
         self._entries: dict[str, _Entry] = {}
         self._finished: OrderedDict[str, float] = OrderedDict()  # job_id → finished at
@@ -178,7 +197,7 @@ class MemoryJobStore:
             self._drop(next(iter(self._finished)))
         if len(self._entries) >= self.max_jobs:
             raise JobsFull(self.max_jobs, retry_after_s=10.0)
-        entry = _Entry(record)
+        entry = _Entry(record, deque(maxlen=self.history))
         entry.history.append(record.view())
         self._entries[record.job_id] = entry
 
@@ -349,6 +368,13 @@ class JobRunner:
                     queued_ms=round((time.monotonic() - started) * 1000, 1),
                 )
 
+            async def partial(p: Partial) -> None:
+                await self.store.update(
+                    job_id,
+                    partial=to_jsonable(p.output, files.render if files is not None else None),
+                    partial_index=p.index,
+                )
+
             try:
                 done = await pool.predict(
                     body.api_name,
@@ -362,6 +388,7 @@ class JobRunner:
                     ticket=ticket,
                     on_admitted=admitted,
                     download_to=files.store.partial if files is not None else None,
+                    on_partial=partial,
                 )
             finally:
                 follower.cancel()

@@ -110,6 +110,11 @@ class PredictRequest(BaseModel):
         description="output files as a URL under /api/files/ (default), or inline base64"
         " when at most POOL_FILE_INLINE_MAX_BYTES",
     )
+    stream: bool = Field(
+        default=False,
+        description="POST /api/predict only: answer with Server-Sent Events, one per partial"
+        " output, then the result (same as Accept: text/event-stream); jobs always stream",
+    )
 
     @field_validator("api_name")
     @classmethod
@@ -173,6 +178,12 @@ class JobView(BaseModel):
     error: dict[str, Any] | None = Field(default=None, description="when failed or cancelled")
     queued_ms: float | None = None
     duration_ms: float | None = None
+    partial: Any = Field(
+        default=None, description="while running (and after a failure): the latest partial output"
+    )
+    partial_index: int | None = Field(
+        default=None, description="index (0, 1, ...) of the latest partial output"
+    )
 
 
 class ErrorBody(BaseModel):

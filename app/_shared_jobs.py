@@ -8,7 +8,10 @@ the retention as TTL. Another worker answers from there: GET reads it, SSE polls
 DELETE leaves a ``jobcancel:<id>`` request that the owner's single poller picks up.
 
 The mirror is best effort: if the store is unreachable the job still runs and stays
-readable on its own worker.
+readable on its own worker. Partial outputs of a streaming job are mirrored at most
+once per ``_POLL_S`` per job (the latest one, with a trailing write), so a fast stream
+does not write the store per token; another worker's GET/SSE sees the latest partial
+at that pace, and every other change (stages, the final result) at once.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ _log = logging.getLogger("spacepool.app")
 _JOB = "job:"
 _CANCEL = "jobcancel:"
 _POLL_S = 0.25
+_PARTIAL_FIELDS = frozenset({"partial", "partial_index"})
 
 
 class SharedJobStore:
@@ -41,10 +45,16 @@ class SharedJobStore:
         self.local = local
         self._coordinator = coordinator
         self._retention_s = retention_s
+        self._mirrored_at: dict[str, float] = {}  # running job → last mirror (monotonic)
+        self._later: dict[str, asyncio.Task[None]] = {}  # trailing partial mirrors
 
     async def _mirror(self, record: JobRecord | None) -> None:
         if record is None:
             return
+        if record.final:
+            self._mirrored_at.pop(record.job_id, None)
+        else:
+            self._mirrored_at[record.job_id] = time.monotonic()
         try:
             await self._coordinator().put_value(
                 _JOB + record.job_id, json.dumps(asdict(record)), ttl_s=self._retention_s
@@ -77,8 +87,22 @@ class SharedJobStore:
         if await self.local.get(job_id) is None:
             return await self._remote(job_id)  # another worker's job: it owns the state
         new = await self.local.update(job_id, expect_stage=expect_stage, **changes)
+        if new is not None and not new.final and _PARTIAL_FIELDS.issuperset(changes):
+            wait = self._mirrored_at.get(job_id, 0.0) + _POLL_S - time.monotonic()
+            if wait > 0:  # mirrored a moment ago: the latest partial goes out later
+                if job_id not in self._later:
+                    task = asyncio.get_running_loop().create_task(self._mirror_later(job_id, wait))
+                    self._later[job_id] = task
+                return new
         await self._mirror(new)
         return new
+
+    async def _mirror_later(self, job_id: str, wait: float) -> None:
+        try:
+            await asyncio.sleep(wait)
+        finally:
+            self._later.pop(job_id, None)
+        await self._mirror(await self.local.get(job_id))
 
     async def changes(
         self, job_id: str, after_version: int, timeout: float

@@ -18,6 +18,7 @@ Behind this module, one concept each:
 * :mod:`app._inputs` — request bodies, JSON or multipart, and file arguments;
 * :mod:`app._files` — output files: the download folder, ``/api/files/{token}``;
 * :mod:`app._spaces` — discovery: ``/api/spaces``, ``/api/spaces/{name}/api``;
+* :mod:`app._streaming` — ``POST /api/predict`` answered as Server-Sent Events;
 * :mod:`app._metrics` — Prometheus; :mod:`app._logging` — JSON access log;
 * :mod:`app._limits` — request body size cap; :mod:`app._settings` — the knobs;
 * :mod:`app._dashboard` — ``GET /admin``, the page; :mod:`app._history` — the rolling
@@ -72,7 +73,11 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
     pool.hooks.append(activity.on_event)
     app.state.activity = activity
     sampler = asyncio.get_running_loop().create_task(run_sampler(activity, pool))
-    local = MemoryJobStore(retention_s=settings.job_retention_s, max_jobs=settings.job_max)
+    local = MemoryJobStore(
+        retention_s=settings.job_retention_s,
+        max_jobs=settings.job_max,
+        history=pool.settings.stream_keep,
+    )
     store: JobStore = local
     if pool.coordinator.store != "memory":
         # Workers share a coordinator: make every job readable (and cancellable) from all.

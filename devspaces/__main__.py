@@ -75,7 +75,11 @@ def _parser() -> argparse.ArgumentParser:
         sub.add_argument("--config-delay", type=float, default=0.0, metavar="S")
         sub.add_argument("--concurrency", type=int, default=64, metavar="C")
         sub.add_argument("--max-size", type=int, default=None, metavar="M")
-        sub.add_argument("--kind", default="echo", help="stand-in app: echo (text), image (files)")
+        sub.add_argument(
+            "--kind",
+            default="echo",
+            help="stand-in app: echo (text), image (files), stream (generator), chat",
+        )
 
     serve = commands.add_parser("serve", help="run one stand-in Space")
     serve.add_argument("--name", required=True)

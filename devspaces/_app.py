@@ -163,6 +163,8 @@ class _Misbehave:
 KINDS: dict[str, str] = {
     "echo": "devspaces._app:echo_blocks",
     "image": "devspaces._media:image_blocks",
+    "stream": "devspaces._streaming:stream_blocks",
+    "chat": "devspaces._streaming:chat_blocks",
 }
 
 

@@ -12,6 +12,12 @@
     done = await get_pool().predict("/flip", file_arg("cat.png"), download_to="out/")
     done.result.path, done.result.name    # a file output, fetched while the slot was held
 
+    async with get_client() as client:    # a generator endpoint's partial outputs
+        job = await client.submit("hi", api_name="/chat")
+        async for text in job.stream():   # each as it arrives; the last is the result
+            print(text)
+    await get_pool().predict("/chat", "hi", on_partial=show)   # managed: show(Partial)
+
     stats = await get_pool().stats()      # the pool-stats dict
     await get_pool().aclose()             # close every connection
 
@@ -46,7 +52,7 @@ from ._exceptions import (
 )
 from ._files import LocalFile, file_arg, is_file_data
 from ._guard import check_outbound
-from ._handle import PooledClient, PooledJob
+from ._handle import Partial, PooledClient, PooledJob
 from ._pool import Pool, Prediction
 from ._settings import PoolSettings
 from ._spaces import SpaceSpec, parse_space, parse_spaces
@@ -96,6 +102,7 @@ __all__ = [
     "LocalFile",
     "MisuseError",
     "NoHealthySpaceError",
+    "Partial",
     "Pool",
     "PoolClosedError",
     "PoolError",

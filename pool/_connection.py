@@ -94,6 +94,14 @@ class Connection:
                 names.append("/" + name)
         return names
 
+    def is_generator(self, api_name: str | None) -> bool:
+        """Whether ``api_name`` is a generator endpoint (streams partial outputs), from
+        the Space's config; True when the config does not say."""
+        for dep in (getattr(self.client, "config", None) or {}).get("dependencies", []):
+            if api_name is not None and "/" + str(dep.get("api_name")) == api_name:
+                return bool((dep.get("types") or {}).get("generator", True))
+        return True
+
     def probe_url(self) -> str:
         """The cheap ``app_id`` endpoint of this connection's Space."""
         prefixed = str(getattr(self.client, "src_prefixed", "") or self.client.src)

@@ -2,7 +2,9 @@
 
 gradio_client is synchronous; its jobs already run in the Client's own threads, so a
 job's ``concurrent.futures.Future`` is awaited with ``asyncio.wrap_future`` and the
-event loop is never blocked. The handle is detached when the lease ends (asyncpg):
+event loop is never blocked. A job's partial outputs (a generator endpoint's yields)
+are read as they arrive with ``async for out in job.stream()`` (:mod:`pool._streaming`
+says how, without polling). The handle is detached when the lease ends (asyncpg):
 using it afterwards raises :class:`~pool.MisuseError`.
 
 Fencing: a handle knows the admission lease it runs under. When the lease is lost
@@ -20,8 +22,9 @@ import concurrent.futures
 import contextlib
 import os
 import time
-from collections.abc import Callable
+from collections.abc import AsyncGenerator, Callable
 from concurrent.futures import Executor
+from dataclasses import dataclass
 from typing import Any
 
 import httpx
@@ -37,17 +40,36 @@ from ._exceptions import (
     UnknownEndpoint,
 )
 from ._guard import check_outbound
+from ._streaming import Watch, watch
 from .admission import Lease
 from .resilience import Outcome
 
 FailureHook = Callable[[Classified], None]
 _RESERVED = frozenset({"fn_index", "headers", "result_callbacks"})
+DEFAULT_STREAM_KEEP = 32
+NAME_WAIT_S = 5.0  # longest wait for a just-submitted job's event id, to cancel it
+
+
+@dataclass(frozen=True)
+class Partial:
+    """One output of a running job: its index (0, 1, ...) and its value."""
+
+    index: int
+    output: Any
 
 
 class PooledJob:
-    """One submitted job; ``await job`` or ``await job.result(timeout=...)``."""
+    """One submitted job; ``await job``, ``await job.result(timeout=...)`` or
+    ``async for out in job.stream()``."""
 
-    def __init__(self, job: Any, handle: PooledClient) -> None:
+    def __init__(
+        self,
+        job: Any,
+        handle: PooledClient,
+        *,
+        generator: bool = True,
+        keep: int = DEFAULT_STREAM_KEEP,
+    ) -> None:
         self._job = job
         self._handle = handle
         self._future: asyncio.Future[Any] = asyncio.wrap_future(job.future)
@@ -55,10 +77,66 @@ class PooledJob:
         # mark it retrieved so asyncio does not log "exception was never retrieved".
         self._future.add_done_callback(_retrieve)
         self._cancelled = False
+        self._generator = generator
+        self._keep = keep
+        self._watch: Watch | None = None
 
     @property
     def done(self) -> bool:
         return self._future.done()
+
+    @property
+    def generator(self) -> bool:
+        """Whether the endpoint is a generator: its outputs arrive one by one as partials
+        (a plain endpoint has a single output, its result)."""
+        return self._generator
+
+    async def stream(self, timeout: float | None = None) -> AsyncGenerator[Any, None]:
+        """Each output of the job as the Space sends it; ends after the final one.
+
+        A generator endpoint's yields one by one (the last is the job's result); a plain
+        endpoint's one result. Only the latest ``POOL_STREAM_KEEP`` outputs are kept: a
+        reader that falls further behind skips older ones (never the latest or the
+        final). Errors, ``timeout`` and cancellation behave as in :meth:`result`.
+        """
+        async with contextlib.aclosing(self.partials(timeout)) as partials:
+            async for partial in partials:
+                yield partial.output
+
+    async def partials(self, timeout: float | None = None) -> AsyncGenerator[Partial, None]:
+        """:meth:`stream` with each output's index (a gap: older outputs were skipped)."""
+        started = time.monotonic()
+        if self._watch is None:
+            self._watch = watch(self._job, self._keep)
+            if self._watch is not None:
+                changed = self._watch.changed
+                self._future.add_done_callback(lambda _: changed.set())
+        w = self._watch
+        if w is None:  # not a gradio_client Job: the result is the only output
+            yield Partial(0, await self.result(timeout))
+            return
+        index = 0
+        while True:
+            finished = self._future.done()  # then every output is already appended
+            w.changed.clear()
+            self._handle._check_lease()  # fenced, or resumed past its expiry: no more output
+            first, outputs = w.since(index)
+            for i, output in enumerate(outputs, first):
+                index = i + 1
+                yield Partial(i, output)
+            if finished:
+                break
+            left = None if timeout is None else timeout - (time.monotonic() - started)
+            try:
+                async with asyncio.timeout(left):
+                    await w.changed.wait()
+            except TimeoutError:
+                raise await self._deadline_passed(timeout, started) from None
+            except asyncio.CancelledError:
+                self._handle._dirty = True
+                self._cancel_in_background()
+                raise
+        await self.result()  # done: its error, or the outcome "success"
 
     def status(self) -> Any:
         """gradio_client's status update (rank in the Space's queue, ETA, …)."""
@@ -74,14 +152,7 @@ class PooledJob:
             self._handle._dirty = True
             raise
         except TimeoutError:
-            self._handle._dirty = True
-            await self.cancel()
-            error = DeadlineExceeded(
-                f"deadline of {timeout:.1f}s passed after {time.monotonic() - started:.1f}s; "
-                "the upstream job was cancelled"
-            )
-            self._handle._failed(Classified(error, False))
-            raise error from None
+            raise await self._deadline_passed(timeout, started) from None
         except asyncio.CancelledError:
             task = asyncio.current_task()
             if self._future.done() and task is not None and not task.cancelling():
@@ -103,27 +174,46 @@ class PooledJob:
         self._handle.outcome = "success"
         return result
 
+    async def _deadline_passed(self, timeout: float | None, started: float) -> DeadlineExceeded:
+        """Cancel the job upstream and return the error to raise."""
+        self._handle._dirty = True
+        await self.cancel()
+        error = DeadlineExceeded(
+            f"deadline of {timeout or 0:.1f}s passed after {time.monotonic() - started:.1f}s; "
+            "the upstream job was cancelled"
+        )
+        self._handle._failed(Classified(error, False))
+        return error
+
     async def cancel(self) -> None:
         """Cancel the job upstream (posts the Space's ``/cancel``)."""
-        if self._cancelled or self._future.done():
-            return
-        self._cancelled = True
-        self._handle._dirty = True
-        loop = asyncio.get_running_loop()
-        with contextlib.suppress(Exception):
-            cancel = loop.run_in_executor(self._handle._executor, self._job.cancel)
-            await self._handle._track(cancel)
+        pending, unnamed = self._start_cancel()
+        # A job the Space has not named yet is cancelled once it is, in the background:
+        # a deadline is not held up by a slow join (the connection's close waits for it).
+        if pending is not None and not unnamed:
+            with contextlib.suppress(Exception):
+                await pending
 
     def _cancel_in_background(self) -> None:
-        if not self._cancelled and not self._future.done():
-            self._cancelled = True
-            loop = asyncio.get_running_loop()
-            # RuntimeError: the pool is closed (its executor shut down), and closing
-            # the connection already cut the job's stream, which drops it upstream.
-            with contextlib.suppress(RuntimeError):
-                self._handle._track(
-                    loop.run_in_executor(self._handle._executor, _quiet_cancel, self._job)
-                )
+        self._start_cancel()
+
+    def _start_cancel(self) -> tuple[asyncio.Future[None] | None, bool]:
+        """Post the cancel from a worker thread (once), tracked on the connection so
+        that closing it waits for the cancel; (None, _) if there is nothing to do."""
+        if self._cancelled or self._future.done():
+            return None, False
+        self._cancelled = True
+        self._handle._dirty = True
+        unnamed = getattr(getattr(self._job, "communicator", None), "event_id", 1) is None
+        loop = asyncio.get_running_loop()
+        try:
+            pending = loop.run_in_executor(self._handle._executor, _quiet_cancel, self._job)
+        except RuntimeError:
+            # The pool is closed (its executor shut down), and closing the connection
+            # already cut the job's stream, which drops it upstream.
+            return None, unnamed
+        self._handle._track(pending)
+        return pending, unnamed
 
     def __await__(self) -> Any:
         return self.result().__await__()
@@ -135,8 +225,27 @@ def _retrieve(future: asyncio.Future[Any]) -> None:
 
 
 def _quiet_cancel(job: Any) -> None:
+    """Cancel ``job`` upstream, in a worker thread; never raises.
+
+    gradio_client's ``Job.cancel()`` posts the Space's ``/cancel`` with the event id it
+    knows at that moment. Cancelled right after submit (a stream whose caller left at
+    once), it knows none yet: the Space would run the job to its end. So wait (bounded)
+    until the Space has named the job, then post the cancel again.
+    """
     with contextlib.suppress(Exception):
+        communicator = getattr(job, "communicator", None)
+        named = getattr(communicator, "event_id", None) is not None
         job.cancel()
+        cancel_fn = getattr(job, "cancel_fn", None)
+        if named or communicator is None or cancel_fn is None:
+            return
+        deadline = time.monotonic() + NAME_WAIT_S
+        while communicator.event_id is None and time.monotonic() < deadline:
+            if job.future.done():
+                break
+            time.sleep(0.02)
+        if communicator.event_id is not None:
+            cancel_fn()
 
 
 class PooledClient:
@@ -153,6 +262,7 @@ class PooledClient:
         lease: Lease | None = None,
         http: httpx.AsyncClient | None = None,
         file_max_bytes: int = 50 * 1024 * 1024,
+        stream_keep: int = DEFAULT_STREAM_KEEP,
     ) -> None:
         self._conn: Connection | None = conn
         self._lease = lease
@@ -161,6 +271,7 @@ class PooledClient:
         self.file_max_bytes = file_max_bytes
         self._executor = executor
         self._guard = guard
+        self._stream_keep = stream_keep
         self.space = space
         self._on_failure = on_failure
         self._jobs: list[PooledJob] = []
@@ -187,8 +298,7 @@ class PooledClient:
     async def submit(self, *args: Any, api_name: str | None = None, **kwargs: Any) -> PooledJob:
         """Start a job on the Space and return it without waiting for the result."""
         conn = self._live()
-        if self._lease is not None:
-            self._lease.check()  # nothing new starts under a lost lease
+        self._check_lease()  # nothing new starts under a lost lease
         reserved = _RESERVED.intersection(kwargs)
         if reserved:
             # gradio_client's own parameters: fn_index would bypass the api_name check.
@@ -203,7 +313,9 @@ class PooledClient:
             job = conn.client.submit(*args, api_name=api_name, **kwargs)
         except (ValueError, TypeError) as exc:
             raise InvalidRequest(f"cannot call {api_name or 'the endpoint'}: {exc}") from exc
-        pooled = PooledJob(job, self)
+        pooled = PooledJob(
+            job, self, generator=conn.is_generator(api_name), keep=self._stream_keep
+        )
         self._jobs.append(pooled)
         return pooled
 
@@ -224,14 +336,21 @@ class PooledClient:
             if lease.lost is not None:
                 self._fenced.set_result(None)
         await asyncio.wait((future, self._fenced), return_when=asyncio.FIRST_COMPLETED)
-        lease.check()  # a frozen loop wakes up here: past the local expiry, fence first
+        self._check_lease()  # a frozen loop wakes up here: past the local expiry, fence first
         return future.result()
+
+    def _check_lease(self) -> None:
+        """Raise :class:`~pool.LeaseLost` if the lease is lost or past its local expiry."""
+        if self._lease is not None:
+            self._lease.check()
 
     def _fence(self, error: LeaseLost) -> None:
         """The lease is lost: cancel every running job upstream, wake every await."""
         self._dirty = True
         for job in self._jobs:
             job._cancel_in_background()
+            if job._watch is not None:  # a partials() reader wakes and raises LeaseLost
+                job._watch.changed.set()
         if self._fenced is not None and not self._fenced.done():
             self._fenced.set_result(None)
 

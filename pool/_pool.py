@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import functools
 import logging
 import os
@@ -54,7 +55,7 @@ from ._exceptions import (
     UnknownSpace,
     UpstreamTransportError,
 )
-from ._handle import PooledClient
+from ._handle import Partial, PooledClient
 from ._routing import Router, user_key
 from ._settings import PoolSettings
 from ._space_pool import SpacePool
@@ -333,6 +334,7 @@ class Pool:
             lease=lease,
             http=self._http,
             file_max_bytes=self.settings.file_max_bytes,
+            stream_keep=self.settings.stream_keep,
         )
         lease.on_lost(functools.partial(self._lease_lost, sp.name, handle))
         try:
@@ -368,6 +370,7 @@ class Pool:
         ticket: WaitTicket | None = None,
         on_admitted: Callable[[str], Awaitable[None]] | None = None,
         download_to: str | os.PathLike[str] | None = None,
+        on_partial: Callable[[Partial], Awaitable[None]] | None = None,
     ) -> Prediction:
         """One predict with the pool's retry policy, failover and deadline.
 
@@ -380,6 +383,11 @@ class Pool:
         slot is still held and appears in ``result`` as a :class:`~pool.LocalFile`
         (each at most ``POOL_FILE_MAX_BYTES``, all within ``POOL_FILE_TIMEOUT_S`` and
         the deadline).
+
+        ``on_partial(partial)`` is awaited for each partial output of a generator
+        endpoint as it arrives (:meth:`PooledJob.partials`; a reader slower than the
+        Space skips older partials, never the latest); the result is the final output.
+        Once a partial was delivered the call is never retried.
         """
         started = self._clock()
         deadline = None if timeout is None else started + timeout
@@ -388,6 +396,15 @@ class Pool:
         )
         failed: list[str] = []
         attempt = 0
+        delivered = False
+
+        async def delivering(partial: Partial) -> None:
+            nonlocal delivered
+            delivered = True
+            if on_partial is not None:
+                await on_partial(partial)
+
+        deliver = delivering if on_partial is not None else None
         while True:
             attempt += 1
             remaining = None if deadline is None else deadline - self._clock()
@@ -411,14 +428,9 @@ class Pool:
                     left = None if deadline is None else deadline - self._clock()
                     if left is not None and left <= 0:
                         raise DeadlineExceeded("the deadline passed while queued")
-                    result = await handle.predict(
-                        *args, api_name=api_name, timeout=left, **(kwargs or {})
+                    result = await self._run(
+                        handle, api_name, args, kwargs or {}, deadline, deliver, download_to
                     )
-                    if download_to is not None:
-                        left = self.settings.file_timeout_s
-                        if deadline is not None:
-                            left = min(left, deadline - self._clock())
-                        result = await handle.download(result, download_to, timeout=left)
                     return Prediction(
                         space=served,
                         result=result,
@@ -427,7 +439,9 @@ class Pool:
                         attempts=attempt,
                     )
             except UpstreamTransportError as exc:
-                if not self.retry_policy.should_retry(exc, attempt, safe_to_retry=safe_to_retry):
+                if delivered or not self.retry_policy.should_retry(
+                    exc, attempt, safe_to_retry=safe_to_retry
+                ):
                     raise
                 delay = self.retry_policy.delay(attempt)
                 if deadline is not None and self._clock() + delay >= deadline:
@@ -439,6 +453,41 @@ class Pool:
                     emit(self.hooks, PoolEvent("failover", served, exc.kind))
                 _log.info("retrying after %s on %s (attempt %d)", exc.kind, served, attempt)
                 await asyncio.sleep(delay)
+
+    async def _run(
+        self,
+        handle: PooledClient,
+        api_name: str | None,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        deadline: float | None,
+        on_partial: Callable[[Partial], Awaitable[None]] | None,
+        download_to: str | os.PathLike[str] | None,
+    ) -> Any:
+        """The call on ``handle`` within ``deadline``: each partial output to
+        ``on_partial``, output files (partials' too) fetched into ``download_to``."""
+
+        def left() -> float | None:
+            return None if deadline is None else deadline - self._clock()
+
+        async def fetched(value: Any) -> Any:
+            if download_to is None:
+                return value
+            rest, limit = left(), self.settings.file_timeout_s
+            timeout = limit if rest is None else min(limit, rest)
+            return await handle.download(value, download_to, timeout=timeout)
+
+        if on_partial is None:
+            result = await handle.predict(*args, api_name=api_name, timeout=left(), **kwargs)
+        else:
+            job = await handle.submit(*args, api_name=api_name, **kwargs)
+            if job.generator:
+                async with contextlib.aclosing(job.partials(left())) as partials:
+                    async for partial in partials:
+                        output = await fetched(partial.output)
+                        await on_partial(dataclasses.replace(partial, output=output))
+            result = await job.result(timeout=left())
+        return await fetched(result)
 
     async def _admit_and_checkout(
         self,

@@ -59,6 +59,9 @@ class PoolSettings(BaseSettings):
     file_timeout_s: float = Field(
         default=60.0, gt=0, description="time to fetch the output files of one result"
     )
+    stream_keep: int = Field(
+        default=32, ge=1, le=10_000, description="partial outputs kept per stream reader"
+    )
     user_hash_key: SecretStr | None = None
     admin_token: SecretStr | None = None
     api_token: SecretStr | None = None

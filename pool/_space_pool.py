@@ -27,6 +27,7 @@ import httpx
 from ._connection import ClientFactory, Connection, ConnState, close_client
 from ._errors import classify_connect
 from ._exceptions import PoolClosedError, PoolError
+from ._handle import NAME_WAIT_S
 from ._spaces import SpaceSpec
 from ._threads import wait_ended
 
@@ -362,8 +363,10 @@ class SpacePool:
     async def _close(self, conn: Connection) -> None:
         conn.state = ConnState.CLOSED
         if pending := [c for c in conn.cancels if not c.done()]:
-            # Let the job cancels reach the Space before their connections are cut.
-            await asyncio.wait(pending, timeout=_CLOSE_WAIT_S)
+            # Let the job cancels reach the Space before their connections are cut; a
+            # job cancelled right after submit waits (NAME_WAIT_S at most) for the Space
+            # to name it first, else the Space would run it to the end, unwatched.
+            await asyncio.wait(pending, timeout=NAME_WAIT_S + _CLOSE_WAIT_S)
         loop = asyncio.get_running_loop()
         threads = await loop.run_in_executor(self._executor, close_client, conn.client)
         left = await wait_ended(threads, _CLOSE_WAIT_S)

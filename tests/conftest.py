@@ -7,7 +7,7 @@ from collections.abc import AsyncIterator, Callable, Iterator
 
 import pytest
 
-from devspaces import SpaceFleet
+from devspaces import SpaceFleet, SpaceProcess
 from pool import Pool, PoolSettings
 
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
@@ -20,6 +20,25 @@ def fleet() -> Iterator[SpaceFleet]:
     """Two stand-in Spaces (alpha, beta) shared by the tests that do not break them."""
     with SpaceFleet(2) as spaces:
         yield spaces
+
+
+@pytest.fixture(scope="session")
+def stream_spaces() -> Iterator[dict[str, SpaceProcess]]:
+    """Two more stand-ins: "streamer" (kind stream, a generator) and "chat" (ChatInterface)."""
+    started = [SpaceProcess("streamer", kind="stream", wait=False)]
+    try:
+        started.append(SpaceProcess("chat", kind="chat", wait=False))
+        for space in started:
+            space.wait_ready()
+        yield {space.name: space for space in started}
+    finally:
+        for space in started:
+            space.stop()
+
+
+def spaces_env(spaces: dict[str, SpaceProcess]) -> str:
+    """The POOL_SPACES value for ``spaces`` (name=URL, comma-separated)."""
+    return ",".join(f"{name}={space.url}" for name, space in spaces.items())
 
 
 @pytest.fixture

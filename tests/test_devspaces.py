@@ -1,13 +1,15 @@
 """The stand-in Spaces behave like Gradio Spaces and measure what the pool does to them.
 
 Every check goes through a real ``gradio_client.Client``: these tests pin both our
-stand-ins and the gradio_client 2.7.2 behaviour the pool relies on. Two Spaces are
+stand-ins and the gradio_client 2.7.2 behaviour the pool relies on. The streaming
+kinds (``stream``, ``chat``) are the session's ``stream_spaces``. Two Spaces are
 started once for the module (starting one costs ~4 s of CPU, mostly ``import gradio``):
 alpha serves most tests and is reset before each; beta is killed and restarted.
 """
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -206,3 +208,39 @@ def test_kill_refuses_connections_and_restart_brings_new_app_id(
     assert new_app_id != old_app_id
     assert beta.stats().app_id == new_app_id
     assert connect(beta).predict("back", 0.0, api_name="/echo") == "beta:back"
+
+
+def test_stream_kind_yields_timestamped_partials_and_is_metered(
+    stream_spaces: dict[str, SpaceProcess], connect: ClientFactory
+) -> None:
+    """Kind "stream": /stream yields 3 partials ~interval_s apart, stamped by the Space's
+    clock; the meter counts the call from start to the generator's end."""
+    streamer = stream_spaces["streamer"]
+    streamer.reset()
+    client = connect(streamer)
+    started = time.time()
+    job = client.submit("s", 3, 0.2, api_name="/stream")
+    result = job.result(timeout=30)
+    outputs = job.outputs()
+    assert [o["index"] for o in outputs] == [0, 1, 2] and result == outputs[-1]
+    assert outputs[-1]["text"] == "s0 s1 s2"
+    stamps = [o["t"] for o in outputs]
+    assert started < stamps[0] < stamps[1] < stamps[2] < time.time()
+    assert all(0.15 < b - a < 1.0 for a, b in itertools.pairwise(stamps))
+    assert streamer.stats().total == 1
+    (start, end), = streamer.intervals()
+    assert start < stamps[0] and end >= stamps[2]
+
+
+def test_chat_kind_keeps_history_per_session(
+    stream_spaces: dict[str, SpaceProcess], connect: ClientFactory
+) -> None:
+    """Kind "chat": a ChatInterface whose /chat remembers the session's earlier messages
+    (gr.State) and forgets them after reset_session; /fail raises gr.Error."""
+    client = connect(stream_spaces["chat"])
+    assert "earlier: (nothing)" in client.predict("one", api_name="/chat")
+    assert "earlier: one" in client.predict("two", api_name="/chat")
+    client.reset_session()
+    assert "earlier: (nothing)" in client.predict("three", api_name="/chat")
+    with pytest.raises(AppError, match="failed: chat"):
+        client.predict("chat", api_name="/fail")

@@ -134,10 +134,11 @@ class ServiceProcess:
 ServiceFactory = Callable[..., ServiceProcess]
 
 
-def service_env(fleet: SpaceFleet, directory: Path, **overrides: str) -> dict[str, str]:
+def service_env(fleet: SpaceFleet | str, directory: Path, **overrides: str) -> dict[str, str]:
+    """The service's environment over ``fleet`` (or a POOL_SPACES value)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("POOL_") and k != "HF_TOKEN"}
     env.update(
-        POOL_SPACES=fleet.pool_spaces_env(),
+        POOL_SPACES=fleet if isinstance(fleet, str) else fleet.pool_spaces_env(),
         POOL_COORDINATOR_URL=coordinator_url(directory),
         POOL_MIN_CONNECTIONS="2",
         POOL_ADMIN_TOKEN=ADMIN_TOKEN,
