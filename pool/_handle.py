@@ -408,11 +408,15 @@ class PooledClient:
         self.outcome = "failure" if classified.provider_failure else "neutral"
         self._on_failure(classified)
 
-    def _detach(self) -> bool:
-        """End the lease: cancel what still runs; True if the connection must go."""
+    def _cancel_jobs(self) -> None:
+        """Cancel upstream every job of this handle that still runs (in the background)."""
         for job in self._jobs:
             if not job.done:
                 self._dirty = True
                 job._cancel_in_background()
+
+    def _detach(self) -> bool:
+        """End the lease: cancel what still runs; True if the connection must go."""
+        self._cancel_jobs()
         self._conn = None
         return self.broken or self._dirty

@@ -178,6 +178,7 @@ class Pool:
         self.last_health_check: datetime | None = None
         self._last_health_at = 0.0
         self._process_id = new_id()
+        self._handles: set[PooledClient] = set()  # leased now (aclose cancels their jobs)
         self._api_info: dict[str, tuple[object, dict[str, Any]]] = {}  # name → (app_id, info)
 
     # -- lifecycle ------------------------------------------------------------------------
@@ -265,6 +266,11 @@ class Pool:
             self._maintenance.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._maintenance
+        for handle in list(self._handles):
+            # Jobs still running are cancelled upstream before their connections are
+            # cut (the close waits for the cancels): a Space does not drop a running
+            # job when its stream goes, and the slot being released must be free there.
+            handle._cancel_jobs()
         for sp in self.spaces.values():
             sp.close_nowait()
         cut_opening = getattr(self._factory, "cut_opening", None)
@@ -337,6 +343,7 @@ class Pool:
             stream_keep=self.settings.stream_keep,
         )
         lease.on_lost(functools.partial(self._lease_lost, sp.name, handle))
+        self._handles.add(handle)
         try:
             yield handle
         except PoolError as exc:
@@ -351,6 +358,7 @@ class Pool:
             outcome = "caller_error"
             raise
         finally:
+            self._handles.discard(handle)
             discard = handle._detach()
             sp.checkin(conn, discard=discard)
             await self._release(lease)

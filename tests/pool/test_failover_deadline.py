@@ -8,7 +8,7 @@ import time
 import pytest
 
 from devspaces import SpaceFleet, SpaceProcess, free_port
-from pool import DeadlineExceeded, NoHealthySpaceError, Pool, PoolSettings
+from pool import DeadlineExceeded, NoHealthySpaceError, Pool, PoolError, PoolSettings
 from tests.pool.test_core import wait_until
 
 
@@ -116,3 +116,28 @@ async def test_deadline_bounds_connecting_to_a_space_whose_config_hangs() -> Non
         finally:
             cold.stop()  # ends the /config read the background open is still blocked in
             await pool.aclose()
+
+
+async def test_aclose_cancels_a_running_job_upstream(clean_fleet: SpaceFleet) -> None:
+    """aclose() while a job runs: the Space stops it too (a Space keeps running a job
+    whose stream was cut, on a slot the closing pool gives back)."""
+    pool = _pool(clean_fleet.pool_spaces_env())
+    alpha = clean_fleet["alpha"]
+    alpha.control(mode="hang")
+    before = alpha.stats().in_flight
+
+    async def call() -> None:
+        async with pool.client(space="alpha") as client:
+            await client.predict("x", 0, api_name="/echo")
+
+    task = asyncio.create_task(call())
+    try:
+        await wait_until(lambda: alpha.stats().in_flight == before + 1)
+        await pool.aclose()
+        await wait_until(lambda: alpha.stats().in_flight == before, timeout_s=3)
+        with pytest.raises(PoolError):
+            await task
+    finally:
+        task.cancel()
+        alpha.control(mode="ok")
+        await pool.aclose()
