@@ -48,17 +48,18 @@ async def test_frozen_holder_is_fenced_at_once_when_it_resumes(
     """A SIGSTOPped 8 s, B admitted meanwhile; on SIGCONT A's upstream job ends within
     1 s and A's caller gets LeaseLost; A and B overlap only from freeze to cancel."""
     space = clean_fleet["alpha"]
+    base = space.stats().in_flight  # calls an earlier test left running there
     url = f"{private_redis.url}?prefix=freeze:"
     a = procs.spawn("tests.chaos._holder", url, "A", "60",
                     env=pool_env(f"alpha={space.url}"))  # fmt: skip
     assert await read_line(a, 30) == "admitted"
-    await until(lambda: space.stats().in_flight == 1, 10, "A's job to run at the Space")
+    await until(lambda: space.stats().in_flight == base + 1, 10, "A's job to run at the Space")
     frozen_at = time.time()
     os.kill(a.pid, signal.SIGSTOP)
     pool = b_pool(space, url)
     try:
         b = asyncio.create_task(pool.predict("/echo", "B", 6.0))
-        await until(lambda: space.stats().in_flight == 2, FREEZE_S, "B to be admitted")
+        await until(lambda: space.stats().in_flight == base + 2, FREEZE_S, "B to be admitted")
         b_admitted = time.time() - frozen_at
         await asyncio.sleep(max(0.0, frozen_at + FREEZE_S - time.time()))  # the freeze
         resumed_at = time.time()
@@ -84,6 +85,7 @@ async def test_partitioned_holder_stops_before_the_store_admits_anyone(
     """A cut off from Redis (alive, its traffic black-holed) cancels its job at its
     local expiry, before the store's TTL lets B in: no overlap at the Space at all."""
     space = clean_fleet["alpha"]
+    base = space.stats().in_flight  # calls an earlier test left running there
     prefix = "?prefix=partition:"
     proxy = BlackHoleProxy(private_redis.port)
     await proxy.start()
@@ -92,7 +94,7 @@ async def test_partitioned_holder_stops_before_the_store_admits_anyone(
         a = procs.spawn("tests.chaos._holder", f"redis://127.0.0.1:{proxy.port}/0{prefix}",
                         "A", "60", env=pool_env(f"alpha={space.url}"))  # fmt: skip
         assert await read_line(a, 30) == "admitted"
-        await until(lambda: space.stats().in_flight == 1, 10, "A's job to run at the Space")
+        await until(lambda: space.stats().in_flight == base + 1, 10, "A's job to run at the Space")
         cut_at = time.time()
         proxy.cut()
         b = await pool.predict("/echo", "B", 0.5)
