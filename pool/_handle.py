@@ -37,6 +37,7 @@ from ._exceptions import (
     InvalidRequest,
     LeaseLost,
     MisuseError,
+    PoolClosedError,
     UnknownEndpoint,
 )
 from ._guard import check_outbound
@@ -166,6 +167,8 @@ class PooledJob:
             self._cancel_in_background()
             raise
         except Exception as exc:
+            if self._cancelled and self._handle._closing:
+                raise PoolClosedError("the pool was closed while the job ran") from None
             if self._cancelled:
                 raise DeadlineExceeded("the job was cancelled") from None
             classified = classify(exc)
@@ -276,6 +279,7 @@ class PooledClient:
         self._on_failure = on_failure
         self._jobs: list[PooledJob] = []
         self._dirty = False
+        self._closing = False  # the pool is closing: its jobs were cancelled by aclose()
         self.broken = False
         # What the last job said about the Space's capacity (the adaptive window's
         # signal): success, a provider failure, or neutral (nothing learned).
@@ -408,8 +412,10 @@ class PooledClient:
         self.outcome = "failure" if classified.provider_failure else "neutral"
         self._on_failure(classified)
 
-    def _cancel_jobs(self) -> None:
-        """Cancel upstream every job of this handle that still runs (in the background)."""
+    def _cancel_jobs(self, *, closing: bool = False) -> None:
+        """Cancel upstream every job of this handle that still runs (in the background);
+        ``closing``: the pool is closing (the jobs' callers get PoolClosedError)."""
+        self._closing = self._closing or closing
         for job in self._jobs:
             if not job.done:
                 self._dirty = True

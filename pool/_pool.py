@@ -270,7 +270,7 @@ class Pool:
             # Jobs still running are cancelled upstream before their connections are
             # cut (the close waits for the cancels): a Space does not drop a running
             # job when its stream goes, and the slot being released must be free there.
-            handle._cancel_jobs()
+            handle._cancel_jobs(closing=True)
         for sp in self.spaces.values():
             sp.close_nowait()
         cut_opening = getattr(self._factory, "cut_opening", None)

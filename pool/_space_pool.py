@@ -38,6 +38,7 @@ _SETTLE_S = 2.0
 # threads (they end within milliseconds once its connections are cut; only a thread
 # still connecting, or resolving a host name, can take longer).
 _CLOSE_WAIT_S = 3.0
+_ACLOSE_CANCEL_WAIT_S = 1.0  # aclose(): how long job cancels may take to reach a Space
 _log = logging.getLogger("spacepool")
 
 
@@ -365,8 +366,10 @@ class SpacePool:
         if pending := [c for c in conn.cancels if not c.done()]:
             # Let the job cancels reach the Space before their connections are cut; a
             # job cancelled right after submit waits (NAME_WAIT_S at most) for the Space
-            # to name it first, else the Space would run it to the end, unwatched.
-            await asyncio.wait(pending, timeout=NAME_WAIT_S + _CLOSE_WAIT_S)
+            # to name it first, else the Space would run it to the end, unwatched. While
+            # the pool closes, a Space that does not answer must not hold aclose() up.
+            wait_s = _ACLOSE_CANCEL_WAIT_S if self._closed else NAME_WAIT_S + _CLOSE_WAIT_S
+            await asyncio.wait(pending, timeout=wait_s)
         loop = asyncio.get_running_loop()
         threads = await loop.run_in_executor(self._executor, close_client, conn.client)
         left = await wait_ended(threads, _CLOSE_WAIT_S)
