@@ -175,14 +175,9 @@ async def predict(request: Request) -> PredictResponse | Response:
         async def admitted(space: str) -> None:
             ctx.space = space
 
-        done = await pool.predict(
-            body.api_name,
-            *call.args,
-            email=body.email,
-            space=body.space,
-            kwargs=call.kwargs,
+        done = await call.predict(
+            pool,
             timeout=body.timeout_s or settings.predict_timeout_s,
-            safe_to_retry=body.safe_to_retry,
             on_admitted=admitted,
             download_to=files.store.partial,
         )

@@ -33,7 +33,7 @@ import email.message
 import json
 import secrets
 import shutil
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -44,7 +44,7 @@ from fastapi.exceptions import RequestValidationError
 from pydantic import ValidationError
 from starlette.datastructures import UploadFile
 
-from pool import InvalidRequest, file_arg
+from pool import InvalidRequest, Partial, Pool, Prediction, WaitTicket, file_arg
 from pool._files import safe_name
 
 from ._errors import UploadTooLarge
@@ -70,6 +70,35 @@ class Call:
     folder: Path | None = None
     bytes_in: int = 0
     _done: bool = field(default=False, repr=False)
+
+    async def predict(
+        self,
+        pool: Pool,
+        *,
+        timeout: float,
+        download_to: Path | None,
+        queue_timeout_s: float | None = None,
+        ticket: WaitTicket | None = None,
+        on_admitted: Callable[[str], Awaitable[None]] | None = None,
+        on_partial: Callable[[Partial], Awaitable[None]] | None = None,
+    ) -> Prediction:
+        """``pool.predict`` of this request, its file arguments in place (one place for
+        the predict, the streamed predict and the job)."""
+        body = self.body
+        return await pool.predict(
+            body.api_name,
+            *self.args,
+            email=body.email,
+            space=body.space,
+            kwargs=self.kwargs,
+            timeout=timeout,
+            queue_timeout_s=queue_timeout_s,
+            safe_to_retry=body.safe_to_retry,
+            ticket=ticket,
+            on_admitted=on_admitted,
+            on_partial=on_partial,
+            download_to=download_to,
+        )
 
     def cleanup(self) -> None:
         """Delete the request's uploaded files (idempotent)."""

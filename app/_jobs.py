@@ -376,19 +376,14 @@ class JobRunner:
                 )
 
             try:
-                done = await pool.predict(
-                    body.api_name,
-                    *call.args,
-                    email=body.email,
-                    space=body.space,
-                    kwargs=call.kwargs,
+                done = await call.predict(
+                    pool,
                     timeout=timeout,
                     queue_timeout_s=min(s.job_queue_timeout_s, timeout),
-                    safe_to_retry=body.safe_to_retry,
                     ticket=ticket,
                     on_admitted=admitted,
-                    download_to=files.store.partial if files is not None else None,
                     on_partial=partial,
+                    download_to=files.store.partial if files is not None else None,
                 )
             finally:
                 follower.cancel()

@@ -114,14 +114,9 @@ async def open_stream(
 
     async def run() -> None:
         try:
-            done = await pool.predict(
-                body.api_name,
-                *call.args,
-                email=body.email,
-                space=body.space,
-                kwargs=call.kwargs,
+            done = await call.predict(
+                pool,
                 timeout=body.timeout_s or settings.predict_timeout_s,
-                safe_to_retry=body.safe_to_retry,
                 on_admitted=admitted,
                 on_partial=partial,
                 download_to=files.store.partial,
