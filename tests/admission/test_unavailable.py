@@ -99,12 +99,14 @@ async def test_redis_outage_fails_closed_and_recovers(
     """Redis dies: busy at once, releases are quiet; it restarts empty: leases are
     re-registered, nothing is over-admitted, and admission and push wake-ups resume."""
     url = f"{private_redis.url}?prefix={uuid.uuid4().hex[:8]}:"
-    holder = open_store(url, lease_ttl_s=1.0)
-    other = open_store(url, lease_ttl_s=1.0)
-    pushed = open_store(url + "&poll_ms=60000", lease_ttl_s=1.0)  # wakes by pub/sub only
+    # TTL 3 s: the outage below (kill, busy, restart) must end before the holder's local
+    # expiry (2.4 s), else `kept` is fenced, rightly, instead of re-registered.
+    holder = open_store(url, lease_ttl_s=3.0)
+    other = open_store(url, lease_ttl_s=3.0)
+    pushed = open_store(url + "&poll_ms=60000", lease_ttl_s=3.0)  # wakes by pub/sub only
     await holder.set_limits({GLOBAL_RESOURCE: 2})
     # A server younger than one lease TTL grants nothing yet (quarantine): wait it out.
-    kept = await holder.acquire([GLOBAL_RESOURCE], timeout=3)
+    kept = await holder.acquire([GLOBAL_RESOURCE], timeout=6)
     dropped = await holder.acquire([GLOBAL_RESOURCE], timeout=1)
     await pushed.shared_secret()  # connected, listener running
 
@@ -115,7 +117,7 @@ async def test_redis_outage_fails_closed_and_recovers(
     await holder.release(dropped)  # logged; the store forgets it anyway
 
     private_redis.start()  # empty: no limits, no leases
-    deadline = time.monotonic() + 8
+    deadline = time.monotonic() + 12
     while True:
         try:
             admitted = await other.acquire([GLOBAL_RESOURCE], timeout=1)
