@@ -303,8 +303,8 @@ async def test_idle_pause_waits_for_idle_period_and_minimum_uptime(
     )
     pool = Pool(settings, space_control=control)
     try:
+        up_since = time.monotonic()  # before start: the pool's own up-time starts after it
         await pool.start()
-        up_since = time.monotonic()
         await pool.predict("/echo", "x", 0, space="alpha")
         last_use = time.monotonic()
         await wait_until(lambda: control.count("pause", "alpha") == 1, 15)
