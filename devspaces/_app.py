@@ -178,18 +178,32 @@ def _kind_builder(kind: str) -> Callable[[_Meter, int, int | None], gr.Blocks]:
     return built
 
 
-def echo_blocks(meter: _Meter, concurrency_limit: int, max_size: int | None) -> gr.Blocks:
-    name = meter.name
+async def act_out(name: str, mode: Mode) -> None:
+    """What the Space's mode asks of a call as it starts: raise a gr.Error, or hang."""
+    if mode == "raise":
+        raise gr.Error(f"{name}: raise mode")
+    if mode == "hang":
+        await asyncio.sleep(HANG_S)
+
+
+def echo_fn(meter: _Meter) -> Callable[[str, float], Awaitable[str]]:
+    """``/echo(text, delay_s)``, the text stand-in's endpoint every kind also has."""
 
     async def echo(text: str, delay_s: float) -> str:
         mode, started = meter.enter()
         try:
-            if mode == "raise":
-                raise gr.Error(f"{name}: raise mode")
-            await asyncio.sleep(HANG_S if mode == "hang" else max(0.0, float(delay_s or 0)))
-            return f"{name}:{text}"
+            await act_out(meter.name, mode)
+            await asyncio.sleep(max(0.0, float(delay_s or 0)))
+            return f"{meter.name}:{text}"
         finally:
             meter.leave(started)
+
+    return echo
+
+
+def echo_blocks(meter: _Meter, concurrency_limit: int, max_size: int | None) -> gr.Blocks:
+    name = meter.name
+    echo = echo_fn(meter)
 
     async def state(value: str, previous: str) -> tuple[str, str]:
         _, started = meter.enter()

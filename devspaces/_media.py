@@ -28,7 +28,7 @@ from typing import Any
 
 import gradio as gr
 
-from devspaces._app import HANG_S, _Meter
+from devspaces._app import _Meter, act_out
 
 MAX_REPORT_LINES = 200_000
 
@@ -47,10 +47,7 @@ def image_blocks(meter: _Meter, concurrency_limit: int, max_size: int | None) ->
     async def flip(image: Any) -> Any:
         mode, started = meter.enter()
         try:
-            if mode == "raise":
-                raise gr.Error(f"{name}: raise mode")
-            if mode == "hang":
-                await asyncio.sleep(HANG_S)
+            await act_out(name, mode)
             if image is None:
                 raise gr.Error("no image")
             return ImageOps.mirror(image)

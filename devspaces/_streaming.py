@@ -28,7 +28,7 @@ from typing import Any
 
 import gradio as gr
 
-from devspaces._app import HANG_S, _Meter
+from devspaces._app import _Meter, act_out, echo_fn
 
 MAX_PARTIALS = 1000
 MAX_INTERVAL_S = 10.0
@@ -49,10 +49,7 @@ def stream_blocks(meter: _Meter, concurrency_limit: int, max_size: int | None) -
     async def stream(text: str, count: float, interval_s: float) -> AsyncIterator[Any]:
         mode, started = meter.enter()
         try:
-            if mode == "raise":
-                raise gr.Error(f"{name}: raise mode")
-            if mode == "hang":
-                await asyncio.sleep(HANG_S)
+            await act_out(name, mode)
             async for out in partials(text, count, interval_s):
                 yield out
         finally:
@@ -67,15 +64,7 @@ def stream_blocks(meter: _Meter, concurrency_limit: int, max_size: int | None) -
         finally:
             meter.leave(started)
 
-    async def echo(text: str, delay_s: float) -> str:
-        mode, started = meter.enter()
-        try:
-            if mode == "raise":
-                raise gr.Error(f"{name}: raise mode")
-            await asyncio.sleep(HANG_S if mode == "hang" else max(0.0, float(delay_s or 0)))
-            return f"{name}:{text}"
-        finally:
-            meter.leave(started)
+    echo = echo_fn(meter)
 
     async def fail(text: str) -> str:
         raise gr.Error(f"failed: {text}")
@@ -116,10 +105,7 @@ def chat_blocks(meter: _Meter, concurrency_limit: int, max_size: int | None) -> 
     async def chat(message: str, history: list[Any]) -> AsyncIterator[str]:
         mode, started = meter.enter()
         try:
-            if mode == "raise":
-                raise gr.Error(f"{name}: raise mode")
-            if mode == "hang":
-                await asyncio.sleep(HANG_S)
+            await act_out(name, mode)
             earlier = [
                 _text_of(m) for m in history if isinstance(m, dict) and m.get("role") == "user"
             ]
