@@ -32,6 +32,7 @@ import contextlib
 import threading
 from collections.abc import AsyncIterator
 
+from ._clock import Clock
 from ._events import Hook, PoolEvent
 from ._exceptions import (
     BusyError,
@@ -95,6 +96,7 @@ async def get_client(
 
 __all__ = [
     "BusyError",
+    "Clock",
     "DeadlineExceeded",
     "Hook",
     "InvalidRequest",

@@ -28,7 +28,6 @@ import os
 import socket
 import ssl
 import threading
-import time
 import weakref
 from collections.abc import Callable, Generator
 from typing import Any
@@ -65,13 +64,13 @@ class Connection:
         "used_by",
     )
 
-    def __init__(self, client: Any, generation: int) -> None:
+    def __init__(self, client: Any, generation: int, now: float) -> None:
         self.id = next(_ids)
         self.client = client
         config = getattr(client, "config", None) or {}
         self.app_id: object = config.get("app_id")
         self.generation = generation
-        self.created_at = self.last_used = time.monotonic()
+        self.created_at = self.last_used = now
         self.failures = 0
         self.state = ConnState.IDLE
         self.used_by: str | None = None

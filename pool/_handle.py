@@ -30,6 +30,7 @@ from typing import Any
 import httpx
 
 from . import _files
+from ._clock import SYSTEM_CLOCK, Clock
 from ._connection import Connection
 from ._errors import Classified, classify
 from ._exceptions import (
@@ -106,7 +107,7 @@ class PooledJob:
 
     async def partials(self, timeout: float | None = None) -> AsyncGenerator[Partial, None]:
         """:meth:`stream` with each output's index (a gap: older outputs were skipped)."""
-        started = time.monotonic()
+        started = self._handle.clock.now()
         if self._watch is None:
             self._watch = watch(self._job, self._keep)
             if self._watch is not None:
@@ -127,9 +128,9 @@ class PooledJob:
                 yield Partial(i, output)
             if finished:
                 break
-            left = None if timeout is None else timeout - (time.monotonic() - started)
+            left = None if timeout is None else timeout - (self._handle.clock.now() - started)
             try:
-                async with asyncio.timeout(left):
+                async with self._handle.clock.timeout(left):
                     await w.changed.wait()
             except TimeoutError:
                 raise await self._deadline_passed(timeout, started) from None
@@ -145,9 +146,9 @@ class PooledJob:
 
     async def result(self, timeout: float | None = None) -> Any:
         """The job's output; on ``timeout`` the upstream job is cancelled."""
-        started = time.monotonic()
+        started = self._handle.clock.now()
         try:
-            async with asyncio.timeout(timeout):
+            async with self._handle.clock.timeout(timeout):
                 result = await self._handle._outcome(self._future)
         except LeaseLost:
             self._handle._dirty = True
@@ -181,8 +182,9 @@ class PooledJob:
         """Cancel the job upstream and return the error to raise."""
         self._handle._dirty = True
         await self.cancel()
+        took = self._handle.clock.now() - started
         error = DeadlineExceeded(
-            f"deadline of {timeout or 0:.1f}s passed after {time.monotonic() - started:.1f}s; "
+            f"deadline of {timeout or 0:.1f}s passed after {took:.1f}s; "
             "the upstream job was cancelled"
         )
         self._handle._failed(Classified(error, False))
@@ -266,8 +268,10 @@ class PooledClient:
         http: httpx.AsyncClient | None = None,
         file_max_bytes: int = 50 * 1024 * 1024,
         stream_keep: int = DEFAULT_STREAM_KEEP,
+        clock: Clock = SYSTEM_CLOCK,
     ) -> None:
         self._conn: Connection | None = conn
+        self.clock = clock
         self._lease = lease
         self._fenced: asyncio.Future[None] | None = None
         self._http = http
@@ -383,7 +387,7 @@ class PooledClient:
         own_http = self._http is None
         http = self._http or httpx.AsyncClient()
         try:
-            async with asyncio.timeout(timeout):
+            async with self.clock.timeout(timeout):
                 for data in found:
                     if id(data) not in fetched:
                         fetched[id(data)] = await _files.fetch(

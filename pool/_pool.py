@@ -29,7 +29,6 @@ import dataclasses
 import functools
 import logging
 import os
-import time
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -40,6 +39,7 @@ from typing import Any
 import httpx
 
 from . import _stats, _upkeep
+from ._clock import SYSTEM_CLOCK, Clock
 from ._connection import ClientFactory, gradio_factory, quiet_gradio_env
 from ._errors import Classified
 from ._events import Hook, PoolEvent, emit
@@ -114,8 +114,7 @@ class Pool:
         client_factory: ClientFactory | None = None,
         coordinator: Coordinator | None = None,
         space_control: SpaceControl | None = None,
-        clock: Callable[[], float] = time.monotonic,
-        wall: Callable[[], float] = time.time,
+        clock: Clock | None = None,
     ) -> None:
         self.settings = settings or PoolSettings()
         s = self.settings
@@ -131,8 +130,7 @@ class Pool:
         )
         self._coordinator = coordinator
         self._owns_coordinator = coordinator is None
-        self._clock = clock
-        self._wall = wall
+        self.clock = clock or SYSTEM_CLOCK
         # Blocking work (gradio_client's open, close, cancel; Hub API calls) runs here,
         # never on the loop nor in its default executor: our own executor (threads
         # start on first use), so that aclose() can end its threads.
@@ -153,7 +151,7 @@ class Pool:
         )
         self._board: HealthBoard | None = None
         self._waker: Waker | None = None
-        self.router = Router(ttl_s=s.assignment_ttl_s, clock=clock)
+        self.router = Router(ttl_s=s.assignment_ttl_s, clock=self.clock.now)
         self.spaces: dict[str, SpacePool] = {
             spec.name: SpacePool(
                 spec,
@@ -162,7 +160,7 @@ class Pool:
                 factory=self._factory,
                 executor=self._executor,
                 connect_attempts=s.connect_attempts,
-                clock=clock,
+                clock=self.clock,
             )
             for spec in self._specs
         }
@@ -210,7 +208,7 @@ class Pool:
                 list(self.spaces),
                 self._health_params,
                 self.hooks,
-                wall=self._wall,
+                clock=self.clock,
             )
             await self._board.start()  # every Space's limit is its shared window
             policy = WakePolicy(
@@ -220,14 +218,14 @@ class Pool:
                 min_uptime_s=s.min_uptime_s,
                 pause_spaces=s.pause_names(),
             )
-            self._waker = Waker(self._control, self._board, policy, self.hooks, clock=self._clock)
+            self._waker = Waker(self._control, self._board, policy, self.hooks, clock=self.clock)
             self._secret = (
                 s.user_hash_key.get_secret_value().encode()
                 if s.user_hash_key
                 else await self._coordinator.shared_secret()
             )
             self._http = httpx.AsyncClient(timeout=httpx.Timeout(5.0))
-            self._last_health_at = self._clock()
+            self._last_health_at = self.clock.now()
             self._maintenance = asyncio.get_running_loop().create_task(self._maintain())
             self._started = True
             with contextlib.suppress(Exception):  # appear in fleet stats at once
@@ -321,12 +319,12 @@ class Pool:
             raise UnknownSpace(space, list(self.spaces))
         user = self.hash_user(email)
         timeout = self.settings.queue_timeout_s if queue_timeout_s is None else queue_timeout_s
-        deadline = self._clock() + timeout
-        wake_by = None if wake_limit_s is None else self._clock() + wake_limit_s
+        deadline = self.clock.now() + timeout
+        wake_by = None if wake_limit_s is None else self.clock.now() + wake_limit_s
         lease, sp, conn = await self._admit_and_checkout(
             user, space, deadline, ticket, avoid, wake_by
         )
-        started = self._clock()
+        started = self.clock.now()
         outcome = "ok"
         guard = self.settings.secret_guard == "on" or (
             self.settings.secret_guard == "auto" and sp.spec.is_hub
@@ -341,6 +339,7 @@ class Pool:
             http=self._http,
             file_max_bytes=self.settings.file_max_bytes,
             stream_keep=self.settings.stream_keep,
+            clock=self.clock,
         )
         lease.on_lost(functools.partial(self._lease_lost, sp.name, handle))
         self._handles.add(handle)
@@ -362,7 +361,7 @@ class Pool:
             discard = handle._detach()
             sp.checkin(conn, discard=discard)
             await self._release(lease)
-            emit(self.hooks, PoolEvent("finished", sp.name, outcome, self._clock() - started))
+            emit(self.hooks, PoolEvent("finished", sp.name, outcome, self.clock.now() - started))
             await self._record(sp.name, handle.outcome)
 
     async def predict(
@@ -397,7 +396,7 @@ class Pool:
         Space skips older partials, never the latest); the result is the final output.
         Once a partial was delivered the call is never retried.
         """
-        started = self._clock()
+        started = self.clock.now()
         deadline = None if timeout is None else started + timeout
         queue_timeout = (
             self.settings.queue_timeout_s if queue_timeout_s is None else queue_timeout_s
@@ -415,7 +414,7 @@ class Pool:
         deliver = delivering if on_partial is not None else None
         while True:
             attempt += 1
-            remaining = None if deadline is None else deadline - self._clock()
+            remaining = None if deadline is None else deadline - self.clock.now()
             if remaining is not None and remaining <= 0:
                 raise DeadlineExceeded("the deadline passed before the Space could be called")
             served: str | None = None
@@ -430,10 +429,10 @@ class Pool:
                     wake_limit_s=remaining,
                 ) as handle:
                     served = handle.space
-                    admitted = self._clock()
+                    admitted = self.clock.now()
                     if on_admitted is not None:
                         await on_admitted(served)
-                    left = None if deadline is None else deadline - self._clock()
+                    left = None if deadline is None else deadline - self.clock.now()
                     if left is not None and left <= 0:
                         raise DeadlineExceeded("the deadline passed while queued")
                     result = await self._run(
@@ -443,7 +442,7 @@ class Pool:
                         space=served,
                         result=result,
                         queued_ms=round((admitted - started) * 1000, 1),
-                        duration_ms=round((self._clock() - admitted) * 1000, 1),
+                        duration_ms=round((self.clock.now() - admitted) * 1000, 1),
                         attempts=attempt,
                     )
             except UpstreamTransportError as exc:
@@ -452,7 +451,7 @@ class Pool:
                 ):
                     raise
                 delay = self.retry_policy.delay(attempt)
-                if deadline is not None and self._clock() + delay >= deadline:
+                if deadline is not None and self.clock.now() + delay >= deadline:
                     raise
                 if served is not None:
                     failed.append(served)
@@ -460,7 +459,7 @@ class Pool:
                 if space is None:  # the next attempt is steered away from this Space
                     emit(self.hooks, PoolEvent("failover", served, exc.kind))
                 _log.info("retrying after %s on %s (attempt %d)", exc.kind, served, attempt)
-                await asyncio.sleep(delay)
+                await self.clock.sleep(delay)
 
     async def _run(
         self,
@@ -476,7 +475,7 @@ class Pool:
         ``on_partial``, output files (partials' too) fetched into ``download_to``."""
 
         def left() -> float | None:
-            return None if deadline is None else deadline - self._clock()
+            return None if deadline is None else deadline - self.clock.now()
 
         async def fetched(value: Any) -> Any:
             if download_to is None:
@@ -552,15 +551,15 @@ class Pool:
         resources = [GLOBAL_RESOURCE, SPACE_PREFIX + name]
         if user is not None:
             resources.append(CONSUMER_PREFIX + user)
-        waited_from = self._clock()
+        waited_from = self.clock.now()
         try:
             lease = await self.coordinator.acquire(
-                resources, timeout=max(0.0, deadline - self._clock()), ticket=ticket
+                resources, timeout=max(0.0, deadline - self.clock.now()), ticket=ticket
             )
         except BusyError as exc:
             emit(self.hooks, PoolEvent("busy", name, exc.reason))
             raise
-        waited = self._clock() - waited_from
+        waited = self.clock.now() - waited_from
         self._waits.append(waited)
         emit(self.hooks, PoolEvent("admitted", name, None, waited))
         try:
@@ -577,7 +576,7 @@ class Pool:
         if deadline is None:
             return await sp.checkout()
         try:
-            async with asyncio.timeout(max(0.0, deadline - self._clock())):
+            async with self.clock.timeout(deadline - self.clock.now()):
                 return await sp.checkout()
         except TimeoutError:
             raise DeadlineExceeded(
@@ -591,7 +590,7 @@ class Pool:
 
     def _space_failed(self, sp: SpacePool, exc: PoolError, *, count: bool) -> None:
         """Route around ``sp`` for a cool-down (unless it is booting) and say so."""
-        if not self.board.get(sp.name).waking(self._wall()):
+        if not self.board.get(sp.name).waking(self.clock.wall()):
             sp.mark_down(exc.kind, _SPACE_COOLDOWN_S)
         if count:
             emit(self.hooks, PoolEvent("provider_error", sp.name, exc.kind))
@@ -629,10 +628,10 @@ class Pool:
             emit(self.hooks, PoolEvent("failover", space, "breaker_open"))
             raise NoHealthySpaceError(
                 f"Space {space!r} is refusing work for now (circuit breaker open)",
-                retry_after_s=max(1.0, health.retry_after(self._wall())),
+                retry_after_s=max(1.0, health.retry_after(self.clock.wall())),
             )
         while True:
-            now = self._wall()
+            now = self.clock.wall()
             usable = [
                 n
                 for n, sp in self.spaces.items()
@@ -673,7 +672,7 @@ class Pool:
 
     def _retry_after_down(self) -> float:
         """Seconds until the first Space marked down or breaker-open may be tried again."""
-        now, wall = self._clock(), self._wall()
+        now, wall = self.clock.now(), self.clock.wall()
         waits = [sp.down_until - now for sp in self.spaces.values() if sp.down_until > now]
         waits += [
             w for n in self.spaces if (w := self.board.get(n).retry_after(wall)) > 0
@@ -706,7 +705,7 @@ class Pool:
         kind = classified.error.kind
         if classified.provider_failure:
             emit(self.hooks, PoolEvent("provider_error", sp.name, kind))
-        if kind in ("connect", "dropped") and not self.board.get(sp.name).waking(self._wall()):
+        if kind in ("connect", "dropped") and not self.board.get(sp.name).waking(self.clock.wall()):
             sp.mark_down(kind, _SPACE_COOLDOWN_S)
             emit(self.hooks, PoolEvent("failover", sp.name, kind))
 

@@ -16,14 +16,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import time
 from collections import deque
-from collections.abc import Callable
 from concurrent.futures import Executor
 from typing import Any
 
 import httpx
 
+from ._clock import SYSTEM_CLOCK, Clock
 from ._connection import ClientFactory, Connection, ConnState, close_client
 from ._errors import classify_connect
 from ._exceptions import PoolClosedError, PoolError
@@ -55,7 +54,7 @@ class SpacePool:
         executor: Executor,
         connect_attempts: int = 3,
         backoff_s: float = 0.5,
-        clock: Callable[[], float] = time.monotonic,
+        clock: Clock = SYSTEM_CLOCK,
     ) -> None:
         self.spec = spec
         self.min_size = min_size
@@ -91,7 +90,7 @@ class SpacePool:
         return len(self._idle) + len(self._leased) + self._settling
 
     def is_up(self) -> bool:
-        return self._clock() >= self.down_until
+        return self._clock.now() >= self.down_until
 
     def load(self) -> float:
         """In-use share of capacity, counting local waiters: the least-loaded metric."""
@@ -129,7 +128,7 @@ class SpacePool:
         if self._closed and conn.state is ConnState.CLOSED:
             return  # returned after aclose(), which closed it already
         self._leased.discard(conn)
-        conn.last_used = self._clock()
+        conn.last_used = self._clock.now()
         if discard or self._closed or conn.generation != self.generation:
             self._close_later(conn)
             self._top_up()
@@ -153,10 +152,10 @@ class SpacePool:
         self._deliver(conn)
 
     async def _settle(self, conn: Connection) -> None:
-        deadline = self._clock() + _SETTLE_S
+        deadline = self._clock.now() + _SETTLE_S
         try:
-            while getattr(conn.client, "stream_open", False) and self._clock() < deadline:
-                await asyncio.sleep(0.02)
+            while getattr(conn.client, "stream_open", False) and self._clock.now() < deadline:
+                await self._clock.sleep(0.02)
         finally:
             self._settling -= 1
         if getattr(conn.client, "stream_open", False) or self._closed:
@@ -226,10 +225,10 @@ class SpacePool:
         if self._closed or generation != self.generation:
             # Closed, or marked down / restarted while we were connecting: this
             # connection belongs to a past generation and proves nothing now.
-            await self._close(Connection(client, generation))
+            await self._close(Connection(client, generation, self._clock.now()))
             self._grow()
             return
-        conn = Connection(client, self.generation)
+        conn = Connection(client, self.generation, self._clock.now())
         first = self.opened_total == 0
         self.opened_total += 1
         self.down_until = 0.0
@@ -274,7 +273,7 @@ class SpacePool:
                 classified = classify_connect(exc)
                 if classified.error.kind not in _RETRY_KINDS or attempt + 1 >= self._attempts:
                     raise classified.error from exc
-            await asyncio.sleep(self._backoff_s * (2**attempt))
+            await self._clock.sleep(self._backoff_s * (2**attempt))
         raise AssertionError("unreachable")
 
     def _open_blocking(self) -> Any:
@@ -291,7 +290,7 @@ class SpacePool:
     def mark_down(self, kind: str, cooldown_s: float) -> None:
         """The Space failed: route around it for ``cooldown_s``, drop idle connections."""
         self.last_error = kind
-        self.down_until = self._clock() + cooldown_s
+        self.down_until = self._clock.now() + cooldown_s
         self.generation += 1
         self._drop_stale_idle()
 
@@ -339,7 +338,7 @@ class SpacePool:
 
     def reap_idle(self, idle_timeout_s: float) -> int:
         """Close connections idle longer than ``idle_timeout_s``, down to the minimum."""
-        now = self._clock()
+        now = self._clock.now()
         reaped = 0
         for conn in list(self._idle):  # oldest first
             if self.total <= self.min_size:

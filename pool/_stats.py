@@ -86,7 +86,7 @@ def wait_percentiles(waits_seen: Iterable[float]) -> dict[str, float]:
 def health_stats(pool: Pool, name: str) -> dict[str, Any]:
     if pool._board is None:
         return {}
-    h, now = pool._board.get(name), pool._wall()
+    h, now = pool._board.get(name), pool.clock.wall()
     if h.paused:
         wake = "paused"
     elif h.waking(now):

@@ -28,7 +28,7 @@ async def maintain(pool: Pool) -> None:
     s = pool.settings
     tick = max(0.05, min(s.health_interval_s, s.idle_timeout_s / 2, PUBLISH_S))
     while True:
-        await asyncio.sleep(tick)
+        await pool.clock.sleep(tick)
         for sp in pool.spaces.values():
             sp.reap_idle(s.idle_timeout_s)
         with contextlib.suppress(Exception):  # a store outage must not stop upkeep
@@ -37,7 +37,7 @@ async def maintain(pool: Pool) -> None:
             await pool.board.refresh()
         with contextlib.suppress(Exception):
             await pause_idle(pool)
-        if pool._clock() - pool._last_health_at >= s.health_interval_s:
+        if pool.clock.now() - pool._last_health_at >= s.health_interval_s:
             await health_check(pool)
 
 
@@ -61,7 +61,7 @@ async def pause_idle(pool: Pool) -> None:
 
 async def health_check(pool: Pool) -> None:
     """One round: probe ≤ ``health_sample`` idle connections per Space (SPEC 4.4)."""
-    pool._last_health_at = pool._clock()
+    pool._last_health_at = pool.clock.now()
     pool.health_running = True
     try:
         await asyncio.gather(*(check_space(pool, sp) for sp in pool.spaces.values()))
@@ -73,7 +73,7 @@ async def health_check(pool: Pool) -> None:
 async def check_space(pool: Pool, sp: SpacePool) -> None:
     assert pool._http is not None
     s = pool.settings
-    if pool.board.get(sp.name).waking(pool._wall()):
+    if pool.board.get(sp.name).waking(pool.clock.wall()):
         return  # booting: its wake deadline decides, not the health check
     sample = sp.idle_sample(s.health_sample)
     if not sample:

@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator, Callable, Iterator
 import pytest
 
 from devspaces import SpaceFleet, SpaceProcess
-from pool import Pool, PoolSettings
+from pool import Clock, Pool, PoolSettings
 
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
@@ -90,7 +90,7 @@ async def make_pool() -> AsyncIterator[PoolMaker]:
     """Build pools over a fleet (``make_pool(fleet, **settings)``); closed at the end."""
     pools: list[Pool] = []
 
-    def build(fleet: SpaceFleet, *, clock: Callable[[], float] | None = None, **kw: object) -> Pool:
+    def build(fleet: SpaceFleet, *, clock: Clock | None = None, **kw: object) -> Pool:
         extra = {"clock": clock} if clock is not None else {}
         p = Pool(make_settings(fleet, **kw), **extra)  # type: ignore[arg-type]
         pools.append(p)

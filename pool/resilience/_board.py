@@ -14,9 +14,9 @@ window every tick, so the limit converges within one tick.
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable
 
+from .._clock import SYSTEM_CLOCK, Clock
 from .._events import Hook, PoolEvent, emit
 from ..admission import SPACE_PREFIX, Coordinator
 from ._health import HealthParams, Outcome, SpaceHealth, record, take_probe
@@ -36,13 +36,13 @@ class HealthBoard:
         params: HealthParams,
         hooks: list[Hook],
         *,
-        wall: Callable[[], float] = time.time,
+        clock: Clock = SYSTEM_CLOCK,
     ) -> None:
         self._coordinator = coordinator
         self.params = params
         self._hooks = hooks
-        self._wall = wall
-        now = wall()
+        self._clock = clock
+        now = clock.wall()
         self._cache = {name: SpaceHealth.loads(None, params, now) for name in names}
         self._applied: dict[str, int] = {}
 
@@ -51,7 +51,7 @@ class HealthBoard:
         return self._cache[name]
 
     def now(self) -> float:
-        return self._wall()
+        return self._clock.wall()
 
     # -- writes -----------------------------------------------------------------------------
     async def update(
@@ -62,7 +62,7 @@ class HealthBoard:
         before: list[SpaceHealth] = []
 
         def step(raw: str | None) -> str | None:
-            now = self._wall()
+            now = self._clock.wall()
             current = SpaceHealth.loads(raw, params, now)
             before[:] = [current]
             new = change(current, now)
@@ -71,7 +71,7 @@ class HealthBoard:
             return new.dumps()
 
         raw = await self._coordinator.update_value(KEY_PREFIX + name, step, _TTL_S)
-        after = SpaceHealth.loads(raw, params, self._wall())
+        after = SpaceHealth.loads(raw, params, self._clock.wall())
         self._learn(name, after, before[0] if before else self._cache[name])
         await self._apply_limit(name, after.window)
         return after
@@ -102,7 +102,7 @@ class HealthBoard:
     async def refresh(self) -> None:
         """Read every record (other processes' changes) and re-apply the windows."""
         stored = await self._coordinator.values(KEY_PREFIX)
-        now = self._wall()
+        now = self._clock.wall()
         for name in self._cache:
             raw = stored.get(KEY_PREFIX + name)
             if raw is not None:

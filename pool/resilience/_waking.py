@@ -27,6 +27,7 @@ from dataclasses import dataclass
 
 import httpx
 
+from .._clock import SYSTEM_CLOCK, Clock
 from .._events import Hook, PoolEvent, emit
 from .._exceptions import DeadlineExceeded, UpstreamTransportError
 from .._spaces import SpaceSpec
@@ -69,7 +70,7 @@ class Waker:
         policy: WakePolicy,
         hooks: list[Hook],
         *,
-        clock: Callable[[], float],
+        clock: Clock = SYSTEM_CLOCK,
     ) -> None:
         self.control = control
         self.board = board
@@ -87,7 +88,7 @@ class Waker:
     async def stage(self, spec: SpaceSpec, *, fresh: bool = False) -> str | None:
         """The Space's stage, cached for a few seconds; concurrent askers share one call."""
         cached = self._stages.get(spec.name)
-        if not fresh and cached is not None and self._clock() - cached[1] < _STAGE_TTL_S:
+        if not fresh and cached is not None and self._clock.now() - cached[1] < _STAGE_TTL_S:
             return cached[0]
         pending = self._asking.get(spec.name)
         if pending is not None:
@@ -100,7 +101,7 @@ class Waker:
             stage = None
         finally:
             del self._asking[spec.name]
-        self._stages[spec.name] = (stage, self._clock())
+        self._stages[spec.name] = (stage, self._clock.now())
         future.set_result(stage)
         return stage
 
@@ -154,7 +155,7 @@ class Waker:
             return begin_wake(h, now, deadline_s)
 
         health = await self.board.update(name, start)
-        started = self._clock()
+        started = self._clock.now()
         if began:
             # We began this wake: ask the Hub (a restart if we paused it). Others wait.
             restart = began[0]
@@ -170,25 +171,25 @@ class Waker:
             while self.board.now() < health.wake_until:
                 if await probe():
                     await self.board.update(name, lambda h, now: end_wake(h, now))
-                    emit(self._hooks, PoolEvent("wake", name, "awake", self._clock() - started))
-                    self._stages[name] = (RUNNING, self._clock())
+                    emit(self._hooks, PoolEvent("wake", name, "awake", self._clock.now() - started))
+                    self._stages[name] = (RUNNING, self._clock.now())
                     return
-                if give_up_at is not None and self._clock() >= give_up_at:
+                if give_up_at is not None and self._clock.now() >= give_up_at:
                     raise DeadlineExceeded(
                         f"the deadline passed while {name} was waking up"
                     )
                 pause = self.policy.poll_s
                 if give_up_at is not None:
-                    pause = min(pause, max(0.0, give_up_at - self._clock()))
-                await asyncio.sleep(pause)
+                    pause = min(pause, max(0.0, give_up_at - self._clock.now()))
+                await self._clock.sleep(pause)
                 health = self.board.get(name)
                 if health.wake_until == 0.0:
                     # Another process saw it wake up (end_wake clears the deadline): it
                     # runs, so a later request here must not trust a cached SLEEPING.
-                    self._stages[name] = (RUNNING, self._clock())
+                    self._stages[name] = (RUNNING, self._clock.now())
                     return
             await self.board.update(name, lambda h, now: give_up_wake(h, now))
-            emit(self._hooks, PoolEvent("wake", name, "timeout", self._clock() - started))
+            emit(self._hooks, PoolEvent("wake", name, "timeout", self._clock.now() - started))
             raise UpstreamTransportError(
                 f"the Space did not wake up within {deadline_s:.0f}s",
                 kind="wake_timeout",
@@ -237,7 +238,7 @@ class Waker:
             _log.warning("space %s: pause failed (%s)", name, type(exc).__name__)
             emit(self._hooks, PoolEvent("pause", name, "failed"))
             return False
-        self._stages[name] = ("PAUSED", self._clock())
+        self._stages[name] = ("PAUSED", self._clock.now())
         _log.info("paused idle space %s", name)
         emit(self._hooks, PoolEvent("pause", name, "paused"))
         return True

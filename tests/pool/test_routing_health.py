@@ -11,19 +11,19 @@ import sys
 import textwrap
 
 from devspaces import SpaceFleet
-from pool import NoHealthySpaceError, Pool, PoolError, PoolSettings
+from pool import Clock, NoHealthySpaceError, Pool, PoolError, PoolSettings
 from tests.conftest import PoolMaker
 from tests.pool.test_core import wait_until
 
 
-class FakeClock:
-    """A monotonic clock the test moves by hand."""
+class FakeClock(Clock):
+    """A monotonic clock the test moves by hand (``at``); real wall time and sleeps."""
 
     def __init__(self) -> None:
-        self.now = 1000.0
+        self.at = 1000.0
 
-    def __call__(self) -> float:
-        return self.now
+    def now(self) -> float:
+        return self.at
 
 
 async def _space_for(pool: Pool, email: str | None) -> str:
@@ -42,9 +42,9 @@ async def test_users_stick_until_ttl_and_new_users_alternate(
     assert firsts in (["alpha", "beta"] * 2, ["beta", "alpha"] * 2)
     for _ in range(3):
         assert await _space_for(pool, "new0@example.com") == firsts[0]
-    clock.now += 3599
+    clock.at += 3599
     assert await _space_for(pool, "new0@example.com") == firsts[0]
-    clock.now += 2
+    clock.at += 2
     assert pool.router.pinned(pool.hash_user("new0@example.com") or "") is None
     assert await _space_for(pool, "someone-else@example.com") == firsts[0]
     assert await _space_for(pool, "new0@example.com") == firsts[1]
@@ -153,7 +153,7 @@ async def test_killed_space_fails_over_to_the_other(make_pool: PoolMaker) -> Non
 _CLOSE_SCRIPT = textwrap.dedent(
     """
     import asyncio, json, os, sys, threading
-    from pool import Pool, PoolSettings
+    from pool import Clock, Pool, PoolSettings
 
     def counts():
         return threading.active_count(), len(os.listdir("/proc/self/fd"))
