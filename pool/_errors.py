@@ -20,13 +20,7 @@ from ._exceptions import (
     UpstreamError,
     UpstreamTransportError,
 )
-
-# Kinds of provider failure: the Space (not the caller) is in trouble.
-# A caller's deadline that passes counts too: the Space did not answer in time.
-PROVIDER_KINDS = frozenset(
-    {"connect", "timeout", "transport", "dropped", "queue_full", "rate_limited", "http_5xx",
-     "deadline", "invalid_state", "not_found"}
-)  # fmt: skip
+from ._failures import failure
 
 
 @dataclass(frozen=True)
@@ -36,7 +30,7 @@ class Classified:
 
     @property
     def provider_failure(self) -> bool:
-        return self.error.kind in PROVIDER_KINDS
+        return failure(self.error.kind).provider
 
 
 def _transport(

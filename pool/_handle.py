@@ -46,7 +46,7 @@ from ._streaming import Watch, watch
 from .admission import Lease
 from .resilience import Outcome
 
-FailureHook = Callable[[Classified], None]
+FailureHook = Callable[[Classified], bool]  # True: the pool counted a failover
 _RESERVED = frozenset({"fn_index", "headers", "result_callbacks"})
 DEFAULT_STREAM_KEEP = 32
 NAME_WAIT_S = 5.0  # longest wait for a just-submitted job's event id, to cancel it
@@ -285,6 +285,7 @@ class PooledClient:
         self._dirty = False
         self._closing = False  # the pool is closing: its jobs were cancelled by aclose()
         self.broken = False
+        self.failed_over = False  # a failure of this handle made the pool route around it
         # What the last job said about the Space's capacity (the adaptive window's
         # signal): success, a provider failure, or neutral (nothing learned).
         self.outcome: Outcome = "neutral"
@@ -414,7 +415,7 @@ class PooledClient:
         if classified.discard_connection:
             self.broken = True
         self.outcome = "failure" if classified.provider_failure else "neutral"
-        self._on_failure(classified)
+        self.failed_over = self._on_failure(classified) or self.failed_over
 
     def _cancel_jobs(self, *, closing: bool = False) -> None:
         """Cancel upstream every job of this handle that still runs (in the background);

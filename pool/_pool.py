@@ -1,6 +1,7 @@
 """The pool: Spaces, admission, routing, health — and ``get_client`` on top.
 
-One request goes through these steps, each owned by one object:
+One request goes through these steps, each owned by one object, each bounded by the
+request's deadline (``timeout=``) when it has one:
 
 1. route — :class:`~pool._routing.Router` orders the candidate Spaces, among those up
    whose shared circuit breaker admits work (:mod:`pool.resilience`); after a
@@ -12,13 +13,15 @@ One request goes through these steps, each owned by one object:
    queue deadline;
 4. check out — the Space's :class:`~pool._space_pool.SpacePool` hands over an
    exclusive connection, opening one if needed (lazy start, growth to the max);
-5. release — on every exit path the handle is detached, the connection returned
-   (or discarded) and the lease released, shielded from cancellation; then the
-   outcome (success, provider failure, neutral) feeds the shared window and breaker.
+5. release — on every exit path one shielded task detaches the handle, returns (or
+   discards) the connection, releases the lease and feeds the outcome (success,
+   provider failure, neutral) to the shared window and breaker. A second cancel
+   cannot cut it short; the caller waits for it until its deadline at most.
 
-A failure to connect (or to wake in time) marks the Space down for a cool-down and
-the request moves on to the next candidate (SPEC 4.4) with what is left of its queue
-deadline. :meth:`Pool.predict` wraps all of it in the retry policy and one deadline.
+Every failure goes through one path (:meth:`Pool._space_failed`), which reads the
+one table of failure kinds (:mod:`pool._failures`): a failure before the call is
+placed marks the Space down for a cool-down and the request moves on to the next
+candidate (SPEC 4.4); :meth:`Pool.predict` wraps it all in the retry policy.
 """
 
 from __future__ import annotations
@@ -29,19 +32,16 @@ import dataclasses
 import functools
 import logging
 import os
-from collections import deque
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import Any, TypeVar
 
 import httpx
 
-from . import _stats, _upkeep
 from ._clock import SYSTEM_CLOCK, Clock
-from ._connection import ClientFactory, gradio_factory, quiet_gradio_env
-from ._errors import Classified
+from ._connection import ClientFactory, Connection, gradio_factory, quiet_gradio_env
 from ._events import Hook, PoolEvent, emit
 from ._exceptions import (
     BusyError,
@@ -55,12 +55,15 @@ from ._exceptions import (
     UnknownSpace,
     UpstreamTransportError,
 )
+from ._failures import failure
 from ._handle import Partial, PooledClient
 from ._routing import Router, user_key
 from ._settings import PoolSettings
 from ._space_pool import SpacePool
 from ._spaces import SpaceSpec, parse_spaces
+from ._stats import Shared, Stats
 from ._threads import shutdown_executor
+from ._upkeep import Upkeep
 from .admission import (
     CONSUMER_PREFIX,
     GLOBAL_RESOURCE,
@@ -85,11 +88,11 @@ from .resilience import (
 )
 
 _log = logging.getLogger("spacepool")
-# Failures that mean the Space is asleep, paused or broken on the Hub: fail over, but
-# they are not provider failures (they say nothing about its capacity).
-_WAKE_KINDS = frozenset({"wake_timeout", "paused", "space_error"})
+_T = TypeVar("_T")
 _SPACE_COOLDOWN_S = 30.0
 _CLOSE_WAIT_S = 5.0  # aclose() waits this long at most for the I/O threads to end
+_RELEASE_GRACE_S = 0.25  # a caller past its deadline still waits this long for release
+_CONNECT_BACKOFF_S = (0.5, 4.0)  # opening a connection again: base and cap of the backoff
 
 
 @dataclass(frozen=True)
@@ -101,6 +104,28 @@ class Prediction:
     queued_ms: float
     duration_ms: float
     attempts: int
+
+
+@dataclass
+class _Call:
+    """One :meth:`Pool.predict` call: what to run and what it delivered so far."""
+
+    api_name: str | None
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
+    started: float
+    deadline: float | None
+    on_admitted: Callable[[str], Awaitable[None]] | None
+    on_partial: Callable[[Partial], Awaitable[None]] | None
+    download_to: str | os.PathLike[str] | None
+    delivered: bool = False  # a partial reached the caller: never repeat the call
+    failed: list[str] = field(default_factory=list)  # Spaces an attempt failed on
+    handle: PooledClient | None = None  # the current attempt's, once admitted
+
+    async def deliver(self, partial: Partial) -> None:
+        self.delivered = True
+        if self.on_partial is not None:
+            await self.on_partial(partial)
 
 
 class Pool:
@@ -116,8 +141,7 @@ class Pool:
         space_control: SpaceControl | None = None,
         clock: Clock | None = None,
     ) -> None:
-        self.settings = settings or PoolSettings()
-        s = self.settings
+        self.settings = s = settings or PoolSettings()
         self._specs = spaces if spaces is not None else parse_spaces(s.space_entries())
         if not self._specs:
             raise ValueError("no Spaces configured: set POOL_SPACES")
@@ -140,44 +164,40 @@ class Pool:
         )
         self.retry_policy = RetryPolicy(s.retry_attempts, s.retry_backoff_s, s.retry_backoff_max_s)
         self.resource_cap = resource_cap()
-        ceiling = min(s.max_connections, self.resource_cap.cap, s.window_max)
-        self._health_params = HealthParams(
-            initial=s.window_initial,
-            ceiling=ceiling,
-            grow_after=s.window_grow_after,
-            breaker_failures=s.breaker_failures,
-            cooldown_s=s.breaker_cooldown_s,
-            probe_timeout_s=max(s.breaker_cooldown_s, s.read_timeout_s),
-        )
         self._board: HealthBoard | None = None
         self._waker: Waker | None = None
         self.router = Router(ttl_s=s.assignment_ttl_s, clock=self.clock.now)
-        self.spaces: dict[str, SpacePool] = {
+        self.spaces = self._space_pools()
+        self.hooks: list[Hook] = []
+        self._stats = Stats(
+            self.spaces, s, self.router, self.clock, new_id(), self.resource_cap.cap
+        )
+        self.hooks.append(self._stats.on_event)
+        self._upkeep = Upkeep(self.spaces, s, self.hooks, self.clock, self._stats.publish)
+        self._secret: bytes = b""
+        self._started = False
+        self._start_lock: asyncio.Lock | None = None
+        self._closed = False
+        self._http: httpx.AsyncClient | None = None
+        self._handles: set[PooledClient] = set()  # leased now (aclose cancels their jobs)
+        self._detached: set[asyncio.Task[Any]] = set()  # releases that outlive their await
+        self._api_info: dict[str, tuple[object, dict[str, Any]]] = {}  # name → (app_id, info)
+
+    def _space_pools(self) -> dict[str, SpacePool]:
+        s = self.settings
+        reopen = RetryPolicy(s.connect_attempts, *_CONNECT_BACKOFF_S)
+        return {
             spec.name: SpacePool(
                 spec,
                 min_size=s.min_connections,
                 max_size=s.max_connections,
                 factory=self._factory,
                 executor=self._executor,
-                connect_attempts=s.connect_attempts,
+                reopen=reopen,
                 clock=self.clock,
             )
             for spec in self._specs
         }
-        self.hooks: list[Hook] = []
-        self._secret: bytes = b""
-        self._started = False
-        self._start_lock: asyncio.Lock | None = None
-        self._closed = False
-        self._maintenance: asyncio.Task[None] | None = None
-        self._http: httpx.AsyncClient | None = None
-        self._waits: deque[float] = deque(maxlen=4096)
-        self.health_running = False
-        self.last_health_check: datetime | None = None
-        self._last_health_at = 0.0
-        self._process_id = new_id()
-        self._handles: set[PooledClient] = set()  # leased now (aclose cancels their jobs)
-        self._api_info: dict[str, tuple[object, dict[str, Any]]] = {}  # name → (app_id, info)
 
     # -- lifecycle ------------------------------------------------------------------------
     async def start(self) -> None:
@@ -189,47 +209,49 @@ class Pool:
         if self._start_lock is None:
             self._start_lock = asyncio.Lock()
         async with self._start_lock:
-            if self._started:
-                return
-            quiet_gradio_env()
-            s = self.settings
-            if self._coordinator is None:
-                self._coordinator = open_coordinator(
-                    s.coordinator_url, lease_ttl_s=s.lease_ttl_s
-                )
-            await self._coordinator.set_limits(
-                {
-                    GLOBAL_RESOURCE: s.global_max_concurrent,
-                    CONSUMER_PREFIX: s.consumer_max_concurrent,
-                }
-            )
-            self._board = HealthBoard(
-                self._coordinator,
-                list(self.spaces),
-                self._health_params,
-                self.hooks,
-                clock=self.clock,
-            )
-            await self._board.start()  # every Space's limit is its shared window
-            policy = WakePolicy(
-                deadline_s=s.wake_timeout_s,
-                poll_s=s.wake_poll_s,
-                idle_pause_s=s.idle_pause_s,
-                min_uptime_s=s.min_uptime_s,
-                pause_spaces=s.pause_names(),
-            )
-            self._waker = Waker(self._control, self._board, policy, self.hooks, clock=self.clock)
-            self._secret = (
-                s.user_hash_key.get_secret_value().encode()
-                if s.user_hash_key
-                else await self._coordinator.shared_secret()
-            )
-            self._http = httpx.AsyncClient(timeout=httpx.Timeout(5.0))
-            self._last_health_at = self.clock.now()
-            self._maintenance = asyncio.get_running_loop().create_task(self._maintain())
-            self._started = True
-            with contextlib.suppress(Exception):  # appear in fleet stats at once
-                await self._publish()
+            if not self._started:
+                await self._start()
+
+    async def _start(self) -> None:
+        quiet_gradio_env()
+        s = self.settings
+        if self._coordinator is None:
+            self._coordinator = open_coordinator(s.coordinator_url, lease_ttl_s=s.lease_ttl_s)
+        coordinator = self._coordinator
+        await coordinator.set_limits(
+            {GLOBAL_RESOURCE: s.global_max_concurrent, CONSUMER_PREFIX: s.consumer_max_concurrent}
+        )
+        ceiling = min(s.max_connections, self.resource_cap.cap, s.window_max)
+        params = HealthParams(
+            initial=s.window_initial,
+            ceiling=ceiling,
+            grow_after=s.window_grow_after,
+            breaker_failures=s.breaker_failures,
+            cooldown_s=s.breaker_cooldown_s,
+            probe_timeout_s=max(s.breaker_cooldown_s, s.read_timeout_s),
+        )
+        self._board = HealthBoard(coordinator, list(self.spaces), params, self.hooks,
+                                  clock=self.clock)  # fmt: skip
+        await self._board.start()  # every Space's limit is its shared window
+        policy = WakePolicy(
+            deadline_s=s.wake_timeout_s,
+            poll_s=s.wake_poll_s,
+            idle_pause_s=s.idle_pause_s,
+            min_uptime_s=s.min_uptime_s,
+            pause_spaces=s.pause_names(),
+        )
+        self._waker = Waker(self._control, self._board, policy, self.hooks, clock=self.clock)
+        self._secret = (
+            s.user_hash_key.get_secret_value().encode()
+            if s.user_hash_key
+            else await coordinator.shared_secret()
+        )
+        self._http = httpx.AsyncClient(timeout=httpx.Timeout(5.0))
+        self._stats.shared = Shared(coordinator, self._board, self._waker)
+        self._upkeep.start(self._stats.shared, self._http)
+        self._started = True
+        with contextlib.suppress(Exception):  # appear in fleet stats at once
+            await self._stats.publish()
 
     @property
     def coordinator(self) -> Coordinator:
@@ -260,10 +282,7 @@ class Pool:
         if self._closed:
             return
         self._closed = True
-        if self._maintenance is not None:
-            self._maintenance.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._maintenance
+        await self._upkeep.aclose()
         for handle in list(self._handles):
             # Jobs still running are cancelled upstream before their connections are
             # cut (the close waits for the cancels): a Space does not drop a running
@@ -275,9 +294,10 @@ class Pool:
         if cut_opening is not None:  # Clients under construction fail now, not at timeout
             cut_opening()
         await asyncio.gather(*(sp.aclose() for sp in self.spaces.values()))
-        if self._started:
-            with contextlib.suppress(Exception):
-                await self.coordinator.delete_value(_stats.PROCESS_PREFIX + self._process_id)
+        if self._detached:  # releases still on their way to the store
+            await asyncio.wait(self._detached, timeout=_CLOSE_WAIT_S)
+        with contextlib.suppress(Exception):
+            await self._stats.withdraw()
         if self._http is not None:
             await self._http.aclose()
         if self._coordinator is not None and self._owns_coordinator:
@@ -311,38 +331,23 @@ class Pool:
         One attempt on one Space: ``predict`` on the handle is not retried (use
         :meth:`predict` for retries and failover). ``avoid`` names Spaces to route
         around when another one can serve (a retry after a failure there);
-        ``wake_limit_s`` is the request's deadline: it bounds a wait for a sleeping Space
-        and the checkout (connecting included).
+        ``wake_limit_s`` is the request's deadline: it bounds every step (routing, a
+        wait for a sleeping Space, admission, the checkout with connecting, and the
+        wait for the release at the end) by :class:`DeadlineExceeded`.
         """
         await self.start()
         if space is not None and space not in self.spaces:
             raise UnknownSpace(space, list(self.spaces))
         user = self.hash_user(email)
-        timeout = self.settings.queue_timeout_s if queue_timeout_s is None else queue_timeout_s
-        deadline = self.clock.now() + timeout
-        wake_by = None if wake_limit_s is None else self.clock.now() + wake_limit_s
-        lease, sp, conn = await self._admit_and_checkout(
-            user, space, deadline, ticket, avoid, wake_by
+        now = self.clock.now()
+        queue_by = now + (
+            self.settings.queue_timeout_s if queue_timeout_s is None else queue_timeout_s
         )
+        by = None if wake_limit_s is None else now + wake_limit_s
+        lease, sp, conn = await self._admit_and_checkout(user, space, queue_by, by, ticket, avoid)
+        handle = self._handle_for(sp, conn, lease)
         started = self.clock.now()
         outcome = "ok"
-        guard = self.settings.secret_guard == "on" or (
-            self.settings.secret_guard == "auto" and sp.spec.is_hub
-        )
-        handle = PooledClient(
-            conn,
-            sp.name,
-            lambda c: self._on_failure(sp, c),
-            self._executor,
-            guard=guard,
-            lease=lease,
-            http=self._http,
-            file_max_bytes=self.settings.file_max_bytes,
-            stream_keep=self.settings.stream_keep,
-            clock=self.clock,
-        )
-        lease.on_lost(functools.partial(self._lease_lost, sp.name, handle))
-        self._handles.add(handle)
         try:
             yield handle
         except PoolError as exc:
@@ -357,12 +362,62 @@ class Pool:
             outcome = "caller_error"
             raise
         finally:
-            self._handles.discard(handle)
-            discard = handle._detach()
-            sp.checkin(conn, discard=discard)
-            await self._release(lease)
-            emit(self.hooks, PoolEvent("finished", sp.name, outcome, self.clock.now() - started))
-            await self._record(sp.name, handle.outcome)
+            release = self._release(sp, conn, lease, handle, outcome, self.clock.now() - started)
+            await self._await_detached(release, by)
+
+    def _handle_for(self, sp: SpacePool, conn: Connection, lease: Lease) -> PooledClient:
+        s = self.settings
+        handle = PooledClient(
+            conn,
+            sp.name,
+            lambda c: self._space_failed(sp, c.error, placed=True),
+            self._executor,
+            guard=s.secret_guard == "on" or (s.secret_guard == "auto" and sp.spec.is_hub),
+            lease=lease,
+            http=self._http,
+            file_max_bytes=s.file_max_bytes,
+            stream_keep=s.stream_keep,
+            clock=self.clock,
+        )
+        lease.on_lost(functools.partial(self._lease_lost, sp.name, handle))
+        self._handles.add(handle)
+        return handle
+
+    async def _release(
+        self,
+        sp: SpacePool,
+        conn: Connection,
+        lease: Lease,
+        handle: PooledClient,
+        outcome: str,
+        held_s: float,
+    ) -> None:
+        """Every step of a release, in one task (so no second cancel skips one)."""
+        self._handles.discard(handle)
+        sp.checkin(conn, discard=handle._detach())
+        try:
+            await self.coordinator.release(lease)
+        except Exception as exc:  # the store's TTL reclaims the slots
+            _log.warning("space %s: could not release a lease (%s)", sp.name, exc)
+        emit(self.hooks, PoolEvent("finished", sp.name, outcome, held_s))
+        await self._record(sp.name, handle.outcome)
+
+    async def _await_detached(
+        self, work: Coroutine[Any, Any, _T], by: float | None = None
+    ) -> _T | None:
+        """Run ``work`` in a task of its own that a cancel of ours does not stop; wait for
+        it until ``by`` (at least ``_RELEASE_GRACE_S``); past that it goes on alone
+        (and ``aclose`` waits for it). None if it was left running."""
+        task = asyncio.get_running_loop().create_task(work)
+        self._detached.add(task)
+        task.add_done_callback(self._detached.discard)
+        if by is None:
+            return await asyncio.shield(task)
+        wait = max(by - self.clock.now(), _RELEASE_GRACE_S)
+        with contextlib.suppress(TimeoutError):
+            async with self.clock.timeout(wait):
+                return await asyncio.shield(task)
+        return None
 
     async def predict(
         self,
@@ -397,135 +452,155 @@ class Pool:
         Once a partial was delivered the call is never retried.
         """
         started = self.clock.now()
-        deadline = None if timeout is None else started + timeout
+        call = _Call(
+            api_name,
+            args,
+            kwargs or {},
+            started,
+            None if timeout is None else started + timeout,
+            on_admitted,
+            on_partial,
+            download_to,
+        )
         queue_timeout = (
             self.settings.queue_timeout_s if queue_timeout_s is None else queue_timeout_s
         )
-        failed: list[str] = []
         attempt = 0
-        delivered = False
-
-        async def delivering(partial: Partial) -> None:
-            nonlocal delivered
-            delivered = True
-            if on_partial is not None:
-                await on_partial(partial)
-
-        deliver = delivering if on_partial is not None else None
         while True:
             attempt += 1
-            remaining = None if deadline is None else deadline - self.clock.now()
-            if remaining is not None and remaining <= 0:
-                raise DeadlineExceeded("the deadline passed before the Space could be called")
-            served: str | None = None
+            call.handle = None
             try:
-                async with self.client(
-                    email,
-                    space=space,
-                    queue_timeout_s=queue_timeout if remaining is None
-                    else min(queue_timeout, remaining),
-                    ticket=ticket,
-                    avoid=failed,
-                    wake_limit_s=remaining,
-                ) as handle:
-                    served = handle.space
-                    admitted = self.clock.now()
-                    if on_admitted is not None:
-                        await on_admitted(served)
-                    left = None if deadline is None else deadline - self.clock.now()
-                    if left is not None and left <= 0:
-                        raise DeadlineExceeded("the deadline passed while queued")
-                    result = await self._run(
-                        handle, api_name, args, kwargs or {}, deadline, deliver, download_to
-                    )
-                    return Prediction(
-                        space=served,
-                        result=result,
-                        queued_ms=round((admitted - started) * 1000, 1),
-                        duration_ms=round((self.clock.now() - admitted) * 1000, 1),
-                        attempts=attempt,
-                    )
+                return await self._attempt(call, email, space, queue_timeout, ticket, attempt)
             except UpstreamTransportError as exc:
-                if delivered or not self.retry_policy.should_retry(
-                    exc, attempt, safe_to_retry=safe_to_retry
-                ):
-                    raise
-                delay = self.retry_policy.delay(attempt)
-                if deadline is not None and self.clock.now() + delay >= deadline:
-                    raise
-                if served is not None:
-                    failed.append(served)
-                emit(self.hooks, PoolEvent("retry", served, exc.kind))
-                if space is None:  # the next attempt is steered away from this Space
-                    emit(self.hooks, PoolEvent("failover", served, exc.kind))
-                _log.info("retrying after %s on %s (attempt %d)", exc.kind, served, attempt)
-                await self.clock.sleep(delay)
+                await self._before_retry(exc, call, attempt, safe_to_retry, space)
 
-    async def _run(
+    async def _attempt(
         self,
-        handle: PooledClient,
-        api_name: str | None,
-        args: tuple[Any, ...],
-        kwargs: dict[str, Any],
-        deadline: float | None,
-        on_partial: Callable[[Partial], Awaitable[None]] | None,
-        download_to: str | os.PathLike[str] | None,
-    ) -> Any:
-        """The call on ``handle`` within ``deadline``: each partial output to
-        ``on_partial``, output files (partials' too) fetched into ``download_to``."""
+        call: _Call,
+        email: str | None,
+        space: str | None,
+        queue_timeout: float,
+        ticket: WaitTicket | None,
+        attempt: int,
+    ) -> Prediction:
+        """One attempt of ``call``: admission and a connection, then the call."""
+        left = self._left(call.deadline)
+        if left is not None and left <= 0:
+            raise DeadlineExceeded("the deadline passed before the Space could be called")
+        async with self.client(
+            email,
+            space=space,
+            queue_timeout_s=queue_timeout if left is None else min(queue_timeout, left),
+            ticket=ticket,
+            avoid=call.failed,
+            wake_limit_s=left,
+        ) as handle:
+            call.handle = handle
+            return await self._run_admitted(handle, call, attempt)
 
-        def left() -> float | None:
-            return None if deadline is None else deadline - self.clock.now()
+    async def _run_admitted(self, handle: PooledClient, call: _Call, attempt: int) -> Prediction:
+        admitted = self.clock.now()
+        if call.on_admitted is not None:
+            await call.on_admitted(handle.space)
+        left = self._left(call.deadline)
+        if left is not None and left <= 0:
+            raise DeadlineExceeded("the deadline passed while queued")
+        result = await self._run(handle, call)
+        return Prediction(
+            space=handle.space,
+            result=result,
+            queued_ms=round((admitted - call.started) * 1000, 1),
+            duration_ms=round((self.clock.now() - admitted) * 1000, 1),
+            attempts=attempt,
+        )
+
+    async def _before_retry(
+        self,
+        exc: UpstreamTransportError,
+        call: _Call,
+        attempt: int,
+        safe_to_retry: bool,
+        space: str | None,
+    ) -> None:
+        """Raise ``exc`` unless the retry policy repeats the call; then back off."""
+        policy = self.retry_policy
+        if call.delivered or not policy.should_retry(exc, attempt, safe_to_retry=safe_to_retry):
+            raise exc
+        delay = policy.delay(attempt)
+        if call.deadline is not None and self.clock.now() + delay >= call.deadline:
+            raise exc
+        handle = call.handle
+        served = handle.space if handle is not None else None
+        if served is not None:
+            call.failed.append(served)
+        emit(self.hooks, PoolEvent("retry", served, exc.kind))
+        if space is None and not (handle is not None and handle.failed_over):
+            # the next attempt is steered away from this Space (once per failure)
+            emit(self.hooks, PoolEvent("failover", served, exc.kind))
+        _log.info("retrying after %s on %s (attempt %d)", exc.kind, served, attempt)
+        await self.clock.sleep(delay)
+
+    def _left(self, deadline: float | None) -> float | None:
+        return None if deadline is None else deadline - self.clock.now()
+
+    async def _run(self, handle: PooledClient, call: _Call) -> Any:
+        """``call`` on ``handle`` within its deadline: each partial output to its reader,
+        output files (partials' too) fetched into its folder."""
 
         async def fetched(value: Any) -> Any:
-            if download_to is None:
+            if call.download_to is None:
                 return value
-            rest, limit = left(), self.settings.file_timeout_s
+            rest, limit = self._left(call.deadline), self.settings.file_timeout_s
             timeout = limit if rest is None else min(limit, rest)
-            return await handle.download(value, download_to, timeout=timeout)
+            return await handle.download(value, call.download_to, timeout=timeout)
 
-        if on_partial is None:
-            result = await handle.predict(*args, api_name=api_name, timeout=left(), **kwargs)
+        api, args, kwargs = call.api_name, call.args, call.kwargs
+        if call.on_partial is None:
+            result = await handle.predict(
+                *args, api_name=api, timeout=self._left(call.deadline), **kwargs
+            )
         else:
-            job = await handle.submit(*args, api_name=api_name, **kwargs)
+            job = await handle.submit(*args, api_name=api, **kwargs)
             if job.generator:
-                async with contextlib.aclosing(job.partials(left())) as partials:
+                left = self._left(call.deadline)
+                async with contextlib.aclosing(job.partials(left)) as partials:
                     async for partial in partials:
                         output = await fetched(partial.output)
-                        await on_partial(dataclasses.replace(partial, output=output))
-            result = await job.result(timeout=left())
+                        await call.deliver(dataclasses.replace(partial, output=output))
+            result = await job.result(timeout=self._left(call.deadline))
         return await fetched(result)
 
     async def _admit_and_checkout(
         self,
         user: str | None,
         space: str | None,
-        deadline: float,
+        queue_by: float,
+        by: float | None,
         ticket: WaitTicket | None,
         avoid: Sequence[str],
-        wake_by: float | None,
-    ) -> tuple[Lease, SpacePool, Any]:
+    ) -> tuple[Lease, SpacePool, Connection]:
+        """Route, wake, admit, check out; a failure before the call fails over."""
         tried: list[str] = []
         last_error: PoolError | None = None
         while True:
-            name, probing = await self._pick(user, space, tried, last_error, avoid)
+            name, probing = await self._within(
+                by, "routing", self._pick(user, space, tried, last_error, avoid)
+            )
             sp = self.spaces[name]
             try:
-                lease, conn = await self._admit_one(sp, user, deadline, ticket, wake_by)
+                lease, conn = await self._admit_one(sp, user, queue_by, by, ticket)
             except UpstreamTransportError as exc:
-                if exc.kind in _WAKE_KINDS:
-                    self._space_failed(sp, exc, count=False)
-                    if probing:
-                        await self._record(name, "neutral")
-                else:  # could not connect: a provider failure
-                    self._space_failed(sp, exc, count=True)
-                    await self._record(name, "failure")
+                self._space_failed(sp, exc, placed=False)
+                if failure(exc.kind).provider:
+                    await self._await_detached(self._record(name, "failure"))
+                elif probing:
+                    await self._await_detached(self._record(name, "neutral"))
                 tried.append(name)
                 last_error = exc
                 continue
             except BaseException:
                 if probing:  # hand the half-open probe back: nothing was learned
-                    await self._record(name, "neutral")
+                    await self._await_detached(self._record(name, "neutral"))
                 raise
             if user is not None and space is None:
                 self.router.repin(user, name)
@@ -535,67 +610,71 @@ class Pool:
         self,
         sp: SpacePool,
         user: str | None,
-        deadline: float,
+        queue_by: float,
+        by: float | None,
         ticket: WaitTicket | None,
-        wake_by: float | None,
-    ) -> tuple[Lease, Any]:
+    ) -> tuple[Lease, Connection]:
         """Wake ``sp`` if it sleeps, admit, check out; UpstreamTransportError: fail over."""
-        name = sp.name
         await self.waker.ensure_awake(
             sp.spec,
             connected=sp.total > 0 and sp.is_up(),
             probe=functools.partial(self._answers, sp),
             ticket=ticket,
-            give_up_at=wake_by,
+            give_up_at=by,
         )
-        resources = [GLOBAL_RESOURCE, SPACE_PREFIX + name]
+        resources = [GLOBAL_RESOURCE, SPACE_PREFIX + sp.name]
         if user is not None:
             resources.append(CONSUMER_PREFIX + user)
         waited_from = self.clock.now()
+        limit = queue_by if by is None else min(queue_by, by)
         try:
             lease = await self.coordinator.acquire(
-                resources, timeout=max(0.0, deadline - self.clock.now()), ticket=ticket
+                resources, timeout=max(0.0, limit - waited_from), ticket=ticket
             )
         except BusyError as exc:
-            emit(self.hooks, PoolEvent("busy", name, exc.reason))
+            emit(self.hooks, PoolEvent("busy", sp.name, exc.reason))
             raise
-        waited = self.clock.now() - waited_from
-        self._waits.append(waited)
-        emit(self.hooks, PoolEvent("admitted", name, None, waited))
+        emit(self.hooks, PoolEvent("admitted", sp.name, None, self.clock.now() - waited_from))
         try:
-            conn = await self._checkout_by(sp, wake_by)
+            # A cold Space whose /config hangs must not hold the slots past the
+            # deadline; the connection being opened carries on and serves the next one.
+            conn = await self._within(by, f"connecting to Space {sp.name!r}", sp.checkout())
         except BaseException:  # an UpstreamTransportError (could not connect) fails over
-            await self._release(lease)
+            await self._await_detached(self.coordinator.release(lease))
             raise
         return lease, conn
 
-    async def _checkout_by(self, sp: SpacePool, deadline: float | None) -> Any:
-        """``sp.checkout()`` within the request's deadline (a cold Space whose ``/config``
-        hangs must not hold the slots past it); the connection being opened carries on
-        in the background and serves the next request."""
-        if deadline is None:
-            return await sp.checkout()
+    async def _within(self, by: float | None, what: str, step: Awaitable[_T]) -> _T:
+        """``step`` within the request's deadline ``by``: :class:`DeadlineExceeded`."""
+        if by is None:
+            return await step
         try:
-            async with self.clock.timeout(deadline - self.clock.now()):
-                return await sp.checkout()
+            async with self.clock.timeout(by - self.clock.now()):
+                return await step
         except TimeoutError:
-            raise DeadlineExceeded(
-                f"the deadline passed while connecting to Space {sp.name!r}"
-            ) from None
+            raise DeadlineExceeded(f"the deadline passed while {what}") from None
 
     def _lease_lost(self, space: str, handle: PooledClient, error: LeaseLost) -> None:
         """Self-fencing: the lease of a running request is lost; stop its work now."""
         handle._fence(error)
         emit(self.hooks, PoolEvent("lease_lost", space, error.why))
 
-    def _space_failed(self, sp: SpacePool, exc: PoolError, *, count: bool) -> None:
-        """Route around ``sp`` for a cool-down (unless it is booting) and say so."""
-        if not self.board.get(sp.name).waking(self.clock.wall()):
-            sp.mark_down(exc.kind, _SPACE_COOLDOWN_S)
-        if count:
-            emit(self.hooks, PoolEvent("provider_error", sp.name, exc.kind))
-        emit(self.hooks, PoolEvent("failover", sp.name, exc.kind))
-        _log.warning("space %s failed (%s); failing over", sp.name, exc.kind)
+    def _space_failed(self, sp: SpacePool, error: PoolError, *, placed: bool) -> bool:
+        """The one failure path (:mod:`pool._failures`): count a provider failure; route
+        around ``sp`` for a cool-down when the failure came before the call was placed
+        (``placed`` False) or says the Space is unreachable, unless it is booting.
+        True when a failover was counted (once per failure)."""
+        row = failure(error.kind)
+        if row.provider:
+            emit(self.hooks, PoolEvent("provider_error", sp.name, error.kind))
+        waking = self.board.get(sp.name).waking(self.clock.wall())
+        if placed and (not row.down or waking):
+            return False
+        if not waking:
+            sp.mark_down(error.kind, _SPACE_COOLDOWN_S)
+        emit(self.hooks, PoolEvent("failover", sp.name, error.kind))
+        _log.warning("space %s failed (%s); failing over", sp.name, error.kind)
+        return True
 
     async def _answers(self, sp: SpacePool) -> bool:
         """Whether a booting Space serves now: its app_id route, or the Hub's stage."""
@@ -613,23 +692,9 @@ class Pool:
     ) -> tuple[str, bool]:
         """The Space for this attempt — up, breaker closed or ours to probe, not tried —
         and whether this request is its half-open probe."""
-        board = self.board
         if space is not None:
-            if tried:
-                raise NoHealthySpaceError(
-                    f"Space {space!r} failed ({last.kind if last else '?'})",
-                    retry_after_s=self._retry_after_down(),
-                )
-            health = board.get(space)
-            if health.admits():
-                return space, False
-            if await board.take_probe(space):
-                return space, True
-            emit(self.hooks, PoolEvent("failover", space, "breaker_open"))
-            raise NoHealthySpaceError(
-                f"Space {space!r} is refusing work for now (circuit breaker open)",
-                retry_after_s=max(1.0, health.retry_after(self.clock.wall())),
-            )
+            return await self._pick_named(space, tried, last)
+        board = self.board
         while True:
             now = self.clock.wall()
             usable = [
@@ -655,20 +720,36 @@ class Pool:
             if pinned is not None and pinned not in usable and not board.get(pinned).admits():
                 emit(self.hooks, PoolEvent("failover", pinned, "breaker_open"))
             probes = [n for n in candidates if not board.get(n).admits()]
-            probing = bool(probes) and not (
-                pinned in candidates and board.get(pinned or "").admits()
-            )
-            if probing:
-                choice = probes[0]  # recovery needs a probe: this request is it
-                if not await board.take_probe(choice):
-                    tried.append(choice)
-                    continue
-            else:
-                closed = [n for n in candidates if board.get(n).admits()]
-                choice = self.router.candidates(user, closed, lambda n: self.spaces[n].load())[0]
+            if probes and not (pinned in candidates and board.get(pinned or "").admits()):
+                if await board.take_probe(probes[0]):
+                    return probes[0], True  # recovery needs a probe: this request is it
+                tried.append(probes[0])
+                continue
+            closed = [n for n in candidates if board.get(n).admits()]
+            choice = self.router.candidates(user, closed, lambda n: self.spaces[n].load())[0]
             if user is not None and pinned != choice:
                 emit(self.hooks, PoolEvent("assignment", choice))
-            return choice, probing
+            return choice, False
+
+    async def _pick_named(
+        self, space: str, tried: list[str], last: PoolError | None
+    ) -> tuple[str, bool]:
+        """A request for one Space: it, or its half-open probe, else NoHealthySpaceError."""
+        if tried:
+            raise NoHealthySpaceError(
+                f"Space {space!r} failed ({last.kind if last else '?'})",
+                retry_after_s=self._retry_after_down(),
+            )
+        health = self.board.get(space)
+        if health.admits():
+            return space, False
+        if await self.board.take_probe(space):
+            return space, True
+        emit(self.hooks, PoolEvent("failover", space, "breaker_open"))
+        raise NoHealthySpaceError(
+            f"Space {space!r} is refusing work for now (circuit breaker open)",
+            retry_after_s=max(1.0, health.retry_after(self.clock.wall())),
+        )
 
     def _retry_after_down(self) -> float:
         """Seconds until the first Space marked down or breaker-open may be tried again."""
@@ -678,10 +759,6 @@ class Pool:
             w for n in self.spaces if (w := self.board.get(n).retry_after(wall)) > 0
         ]
         return round(max(1.0, min(waits)), 1) if waits else 1.0
-
-    async def _release(self, lease: Lease) -> None:
-        # Shielded: a cancelled caller must still give its slots back.
-        await asyncio.shield(self.coordinator.release(lease))
 
     async def _record(self, name: str, outcome: Outcome) -> None:
         """Feed the shared window and breaker; a store outage never fails the request."""
@@ -697,17 +774,9 @@ class Pool:
         ):
             return
         try:
-            await asyncio.shield(self.board.record(name, outcome))
+            await self.board.record(name, outcome)
         except (PoolError, OSError) as exc:
             _log.warning("space %s: could not record %s (%s)", name, outcome, exc)
-
-    def _on_failure(self, sp: SpacePool, classified: Classified) -> None:
-        kind = classified.error.kind
-        if classified.provider_failure:
-            emit(self.hooks, PoolEvent("provider_error", sp.name, kind))
-        if kind in ("connect", "dropped") and not self.board.get(sp.name).waking(self.clock.wall()):
-            sp.mark_down(kind, _SPACE_COOLDOWN_S)
-            emit(self.hooks, PoolEvent("failover", sp.name, kind))
 
     async def endpoints(self, space: str) -> dict[str, Any]:
         """The Space's API as ``Client.view_api(return_format="dict")`` gives it, plus
@@ -739,19 +808,16 @@ class Pool:
         return described
 
     # -- maintenance and statistics (pool/_upkeep.py, pool/_stats.py) -----------------------
-    async def _maintain(self) -> None:
-        await _upkeep.maintain(self)
-
     async def health_check(self) -> None:
         """One round: probe ≤ ``health_sample`` idle connections per Space (SPEC 4.4)."""
-        await _upkeep.health_check(self)
+        await self.start()
+        assert self._stats.shared is not None and self._http is not None
+        await self._upkeep.health_check(self._stats.shared, self._http)
 
-    async def _publish(self) -> None:
-        await _stats.publish(self)
-
-    def wait_percentiles(self) -> dict[str, float]:
-        """Admission waits of this process (ms): p50, p95, p99."""
-        return _stats.wait_percentiles(self._waits)
+    @property
+    def last_health_check(self) -> datetime | None:
+        """When this process's last health round ended (UTC)."""
+        return self._upkeep.last_health_check
 
     async def stats(self) -> dict[str, Any]:
         """The pool-stats dict (SPEC 5) for the whole fleet sharing the coordinator.
@@ -760,4 +826,6 @@ class Pool:
         the last few seconds; queue and in-flight figures come from the store itself.
         ``up``/``lastError``/``generation`` are this process's view.
         """
-        return await _stats.collect(self)
+        return await self._stats.collect(
+            self._upkeep.health_running, self._upkeep.last_health_check
+        )

@@ -38,7 +38,6 @@ class Router:
     ) -> None:
         self._pins: TTLCache[str, str] = TTLCache(maxsize=max_users, ttl=ttl_s, timer=clock)
         self._rr = itertools.count()
-        self.moves = 0
 
     @property
     def assignments(self) -> int:
@@ -64,8 +63,6 @@ class Router:
         if pinned is not None and pinned in healthy:
             first = pinned
         else:
-            if pinned is not None:
-                self.moves += 1
             first = healthy[next(self._rr) % len(healthy)]
             self._pins[user] = first
         return [first, *(s for s in by_load if s != first)]
@@ -73,5 +70,4 @@ class Router:
     def repin(self, user: str, space: str) -> None:
         """Record that ``user`` was served by ``space`` after a failover."""
         if self._pins.get(user) != space:
-            self.moves += 1
             self._pins[user] = space

@@ -63,8 +63,6 @@ class PoolSettings(BaseSettings):
         default=32, ge=1, le=10_000, description="partial outputs kept per stream reader"
     )
     user_hash_key: SecretStr | None = None
-    admin_token: SecretStr | None = None
-    api_token: SecretStr | None = None
     hf_token: SecretStr | None = Field(default=None, validation_alias="HF_TOKEN")
 
     @model_validator(mode="after")

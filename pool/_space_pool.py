@@ -29,9 +29,8 @@ from ._exceptions import PoolClosedError, PoolError
 from ._handle import NAME_WAIT_S
 from ._spaces import SpaceSpec
 from ._threads import wait_ended
+from .resilience import RetryPolicy
 
-# Failure kinds worth retrying when opening a connection (SPEC 4.4).
-_RETRY_KINDS = frozenset({"connect", "timeout", "transport", "http_5xx", "rate_limited"})
 _SETTLE_S = 2.0
 # How long closing a connection waits for its job cancels, then for its Client's
 # threads (they end within milliseconds once its connections are cut; only a thread
@@ -52,8 +51,7 @@ class SpacePool:
         max_size: int,
         factory: ClientFactory,
         executor: Executor,
-        connect_attempts: int = 3,
-        backoff_s: float = 0.5,
+        reopen: RetryPolicy | None = None,
         clock: Clock = SYSTEM_CLOCK,
     ) -> None:
         self.spec = spec
@@ -61,8 +59,8 @@ class SpacePool:
         self.max_size = max_size
         self._factory = factory
         self._executor = executor
-        self._attempts = connect_attempts
-        self._backoff_s = backoff_s
+        # Opening a connection again after a failure the table calls ``reopen``.
+        self._reopen = reopen or RetryPolicy(3, 0.5, 4.0)
         self._clock = clock
         self._idle: list[Connection] = []
         self._leased: set[Connection] = set()
@@ -261,20 +259,21 @@ class SpacePool:
                 fut.set_exception(exc)
 
     async def _connect(self) -> Any:
-        for attempt in range(self._attempts):
+        loop = asyncio.get_running_loop()
+        attempt = 0
+        while True:
+            attempt += 1
             try:
-                loop = asyncio.get_running_loop()
                 return await loop.run_in_executor(self._executor, self._open_blocking)
             except PoolClosedError:
                 raise
             except Exception as exc:
                 if self._closed:  # cut by aclose(): no retry
                     raise PoolClosedError("pool closed while opening") from exc
-                classified = classify_connect(exc)
-                if classified.error.kind not in _RETRY_KINDS or attempt + 1 >= self._attempts:
-                    raise classified.error from exc
-            await self._clock.sleep(self._backoff_s * (2**attempt))
-        raise AssertionError("unreachable")
+                error = classify_connect(exc).error
+                if not self._reopen.should_reopen(error, attempt):
+                    raise error from exc
+            await self._clock.sleep(self._reopen.delay(attempt))
 
     def _open_blocking(self) -> Any:
         if self._closed:

@@ -9,14 +9,19 @@ Metrics read these figures, they do not own them.
 from __future__ import annotations
 
 import json
+from collections import deque
 from collections.abc import Iterable
+from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from .admission import GLOBAL_RESOURCE, SPACE_PREFIX
-
-if TYPE_CHECKING:
-    from ._pool import Pool
+from ._clock import Clock
+from ._events import PoolEvent
+from ._routing import Router
+from ._settings import PoolSettings
+from ._space_pool import SpacePool
+from .admission import GLOBAL_RESOURCE, SPACE_PREFIX, Coordinator
+from .resilience import HealthBoard, Waker
 
 PUBLISH_S = 2.0
 PROCESS_PREFIX = "proc:"
@@ -32,47 +37,160 @@ _SUMMED = (
 )
 
 
-def local_pools(pool: Pool) -> dict[str, dict[str, Any]]:
-    return {n: sp.snapshot(pool.settings.health_failures) for n, sp in pool.spaces.items()}
+@dataclass(frozen=True)
+class Shared:
+    """The fleet-wide parts a started pool reads its statistics from."""
+
+    coordinator: Coordinator
+    board: HealthBoard
+    waker: Waker
 
 
-async def publish(pool: Pool) -> None:
-    """Share this process's connection snapshot with the fleet, with a TTL."""
-    await pool.coordinator.put_value(
-        PROCESS_PREFIX + pool._process_id,
-        json.dumps({"pools": local_pools(pool), "assignments": pool.router.assignments}),
-        ttl_s=3 * PUBLISH_S,
-    )
+class Stats:
+    """This process's statistics: fed by the pool's hooks, published for the fleet."""
 
+    def __init__(
+        self,
+        spaces: dict[str, SpacePool],
+        settings: PoolSettings,
+        router: Router,
+        clock: Clock,
+        process_id: str,
+        resource_cap: int,
+    ) -> None:
+        self._spaces = spaces
+        self._settings = settings
+        self._router = router
+        self._clock = clock
+        self._key = PROCESS_PREFIX + process_id
+        self._resource_cap = resource_cap
+        self._waits: deque[float] = deque(maxlen=4096)  # admission waits (s), latest
+        self.shared: Shared | None = None  # set once the pool has started
 
-async def fleet_pools(pool: Pool) -> tuple[dict[str, dict[str, Any]], int, int]:
-    """Connection counts summed over every live process: (pools, processes, users)."""
-    local = local_pools(pool)
-    if not pool._started:
-        return local, 1, 0
-    try:
-        await publish(pool)
-        published = await pool.coordinator.values(PROCESS_PREFIX)
-    except Exception:
-        return local, 1, pool.router.assignments
-    summed: dict[str, dict[str, Any]] = {n: dict.fromkeys(_SUMMED, 0) for n in local}
-    users = 0
-    for raw in published.values():
+    def on_event(self, event: PoolEvent) -> None:
+        """A pool hook: admission waits feed the wait percentiles."""
+        if event.kind == "admitted":
+            self._waits.append(event.seconds)
+
+    def _local(self) -> dict[str, dict[str, Any]]:
+        failures = self._settings.health_failures
+        return {n: sp.snapshot(failures) for n, sp in self._spaces.items()}
+
+    async def publish(self) -> None:
+        """Share this process's connection snapshot with the fleet, with a TTL."""
+        if self.shared is None:
+            return
+        await self.shared.coordinator.put_value(
+            self._key,
+            json.dumps({"pools": self._local(), "assignments": self._router.assignments}),
+            ttl_s=3 * PUBLISH_S,
+        )
+
+    async def withdraw(self) -> None:
+        """Remove this process's snapshot (the pool is closing)."""
+        if self.shared is not None:
+            await self.shared.coordinator.delete_value(self._key)
+
+    async def _fleet_pools(self) -> tuple[dict[str, dict[str, Any]], int, int]:
+        """Connection counts summed over every live process: (pools, processes, users)."""
+        local = self._local()
+        if self.shared is None:
+            return local, 1, 0
         try:
-            other = json.loads(raw)
-        except ValueError:
-            continue
-        users += int(other.get("assignments", 0))
-        for name, entry in other.get("pools", {}).items():
-            if name in summed:
-                for key in _SUMMED:
-                    summed[name][key] += int(entry.get(key, 0))
-    for name, entry in summed.items():
-        local[name].update(entry)
-    return local, max(1, len(published)), users
+            await self.publish()
+            published = await self.shared.coordinator.values(PROCESS_PREFIX)
+        except Exception:
+            return local, 1, self._router.assignments
+        summed: dict[str, dict[str, Any]] = {n: dict.fromkeys(_SUMMED, 0) for n in local}
+        users = 0
+        for raw in published.values():
+            try:
+                other = json.loads(raw)
+            except ValueError:
+                continue
+            users += int(other.get("assignments", 0))
+            for name, entry in other.get("pools", {}).items():
+                if name in summed:
+                    for key in _SUMMED:
+                        summed[name][key] += int(entry.get(key, 0))
+        for name, entry in summed.items():
+            local[name].update(entry)
+        return local, max(1, len(published)), users
+
+    def _health(self, name: str) -> dict[str, Any]:
+        if self.shared is None:
+            return {}
+        h, now = self.shared.board.get(name), self._clock.wall()
+        if h.paused:
+            wake = "paused"
+        elif h.waking(now):
+            wake = "waking"
+        else:
+            cached = self.shared.waker.cached_stage(name)
+            wake = "sleeping" if cached == "SLEEPING" else "awake" if cached else "unknown"
+            if self._spaces[name].total > 0:
+                wake = "awake"
+        return {
+            "window": {
+                "initial": h.initial,
+                "current": h.window,
+                "peak": h.peak,
+                "ceiling": h.ceiling,
+                "resourceCap": self._resource_cap,
+            },
+            "breaker": {
+                "state": h.breaker,
+                "consecutiveFailures": h.failures,
+                "openUntil": _iso(h.open_until) if h.breaker != "closed" else None,
+                "transitions": h.transitions,
+            },
+            "wake": {"state": wake, "deadline": _iso(h.wake_until) if wake == "waking" else None},
+        }
+
+    async def collect(self, health_running: bool, last_check: datetime | None) -> dict[str, Any]:
+        """The pool-stats dict (SPEC 5) for the whole fleet sharing the coordinator.
+
+        Connection counts are summed over every process that published a snapshot in
+        the last few seconds; queue and in-flight figures come from the store itself.
+        ``up``/``lastError``/``generation`` are this process's view.
+        """
+        s = self._settings
+        snap = await self.shared.coordinator.snapshot() if self.shared else None
+        pools, processes, users = await self._fleet_pools()
+        for name, entry in pools.items():
+            entry["queueLength"] = snap.queued.get(SPACE_PREFIX + name, 0) if snap else 0
+            entry["maxConnections"] = s.max_connections
+            entry["minConnections"] = s.min_connections
+            entry["spaceInFlight"] = snap.held.get(SPACE_PREFIX + name, 0) if snap else 0
+            entry.update(self._health(name))
+        totals = {
+            key: sum(p[key] for p in pools.values())
+            for key in ("totalConnections", "availableConnections", "inUseConnections")
+        }
+        return {
+            "pools": pools,
+            **totals,
+            "totalQueued": snap.waiting if snap else 0,
+            "userAssignments": max(users, self._router.assignments),
+            "initialized": self.shared is not None,
+            "healthCheckRunning": health_running,
+            "lastHealthCheck": (
+                last_check.isoformat().replace("+00:00", "Z") if last_check else None
+            ),
+            "processes": processes,
+            "admission": {
+                "store": snap.store if snap else None,
+                "reachable": snap.reachable if snap else True,
+                "globalInUse": snap.held.get(GLOBAL_RESOURCE, 0) if snap else 0,
+                "globalLimit": s.global_max_concurrent,
+                "consumerLimit": s.consumer_max_concurrent,
+                "waitMs": _percentiles(self._waits),
+            },
+        }
 
 
-def wait_percentiles(waits_seen: Iterable[float]) -> dict[str, float]:
+def _percentiles(waits_seen: Iterable[float]) -> dict[str, float]:
+    """Admission waits (ms): p50, p95, p99."""
     waits = sorted(waits_seen)
     if not waits:
         return {"p50": 0.0, "p95": 0.0, "p99": 0.0}
@@ -81,81 +199,6 @@ def wait_percentiles(waits_seen: Iterable[float]) -> dict[str, float]:
         return round(waits[min(len(waits) - 1, int(q * len(waits)))] * 1000, 1)
 
     return {"p50": pct(0.50), "p95": pct(0.95), "p99": pct(0.99)}
-
-
-def health_stats(pool: Pool, name: str) -> dict[str, Any]:
-    if pool._board is None:
-        return {}
-    h, now = pool._board.get(name), pool.clock.wall()
-    if h.paused:
-        wake = "paused"
-    elif h.waking(now):
-        wake = "waking"
-    else:
-        cached = pool.waker.cached_stage(name)
-        wake = "sleeping" if cached == "SLEEPING" else "awake" if cached else "unknown"
-        if pool.spaces[name].total > 0:
-            wake = "awake"
-    return {
-        "window": {
-            "initial": h.initial,
-            "current": h.window,
-            "peak": h.peak,
-            "ceiling": h.ceiling,
-            "resourceCap": pool.resource_cap.cap,
-        },
-        "breaker": {
-            "state": h.breaker,
-            "consecutiveFailures": h.failures,
-            "openUntil": _iso(h.open_until) if h.breaker != "closed" else None,
-            "transitions": h.transitions,
-        },
-        "wake": {"state": wake, "deadline": _iso(h.wake_until) if wake == "waking" else None},
-    }
-
-
-async def collect(pool: Pool) -> dict[str, Any]:
-    """The pool-stats dict (SPEC 5) for the whole fleet sharing the coordinator.
-
-    Connection counts are summed over every process that published a snapshot in
-    the last few seconds; queue and in-flight figures come from the store itpool.
-    ``up``/``lastError``/``generation`` are this process's view.
-    """
-    s = pool.settings
-    snap = await pool.coordinator.snapshot() if pool._started else None
-    pools, processes, users = await fleet_pools(pool)
-    for name, entry in pools.items():
-        entry["queueLength"] = snap.queued.get(SPACE_PREFIX + name, 0) if snap else 0
-        entry["maxConnections"] = s.max_connections
-        entry["minConnections"] = s.min_connections
-        entry["spaceInFlight"] = snap.held.get(SPACE_PREFIX + name, 0) if snap else 0
-        entry.update(health_stats(pool, name))
-    totals = {
-        key: sum(p[key] for p in pools.values())
-        for key in ("totalConnections", "availableConnections", "inUseConnections")
-    }
-    return {
-        "pools": pools,
-        **totals,
-        "totalQueued": snap.waiting if snap else 0,
-        "userAssignments": max(users, pool.router.assignments),
-        "initialized": pool._started,
-        "healthCheckRunning": pool.health_running,
-        "lastHealthCheck": (
-            pool.last_health_check.isoformat().replace("+00:00", "Z")
-            if pool.last_health_check
-            else None
-        ),
-        "processes": processes,
-        "admission": {
-            "store": snap.store if snap else None,
-            "reachable": snap.reachable if snap else True,
-            "globalInUse": snap.held.get(GLOBAL_RESOURCE, 0) if snap else 0,
-            "globalLimit": s.global_max_concurrent,
-            "consumerLimit": s.consumer_max_concurrent,
-            "waitMs": wait_percentiles(pool._waits),
-        },
-    }
 
 
 def _iso(wall: float) -> str:

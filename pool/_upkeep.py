@@ -1,4 +1,4 @@
-"""Maintenance of a pool, one loop per process (``Pool._maintain`` runs it).
+"""Maintenance of a pool, one loop per process (:class:`Upkeep`, started with the pool).
 
 Every tick (at most ``PUBLISH_S``): close idle connections above the minimum, publish
 this process's snapshot for fleet-wide stats, re-read the shared health records (other
@@ -11,89 +11,117 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING
 
-from ._events import PoolEvent, emit
+import httpx
+
+from ._clock import Clock
+from ._events import Hook, PoolEvent, emit
+from ._settings import PoolSettings
 from ._space_pool import SpacePool
-from ._stats import PUBLISH_S, publish
+from ._stats import PUBLISH_S, Shared
 from .admission import SPACE_PREFIX
 
-if TYPE_CHECKING:
-    from ._pool import Pool
 
+class Upkeep:
+    """The maintenance loop of one pool and the state of its health rounds."""
 
-async def maintain(pool: Pool) -> None:
-    """The maintenance loop: reap, publish, refresh shared health, pause, health-check."""
-    s = pool.settings
-    tick = max(0.05, min(s.health_interval_s, s.idle_timeout_s / 2, PUBLISH_S))
-    while True:
-        await pool.clock.sleep(tick)
-        for sp in pool.spaces.values():
-            sp.reap_idle(s.idle_timeout_s)
-        with contextlib.suppress(Exception):  # a store outage must not stop upkeep
-            await publish(pool)
-        with contextlib.suppress(Exception):
-            await pool.board.refresh()
-        with contextlib.suppress(Exception):
-            await pause_idle(pool)
-        if pool.clock.now() - pool._last_health_at >= s.health_interval_s:
-            await health_check(pool)
+    def __init__(
+        self,
+        spaces: dict[str, SpacePool],
+        settings: PoolSettings,
+        hooks: list[Hook],
+        clock: Clock,
+        publish: Callable[[], Awaitable[None]],
+    ) -> None:
+        self._spaces = spaces
+        self._settings = settings
+        self._hooks = hooks
+        self._clock = clock
+        self._publish = publish
+        self._task: asyncio.Task[None] | None = None
+        self._last_round_at = 0.0
+        self.health_running = False
+        self.last_health_check: datetime | None = None
 
+    def start(self, shared: Shared, http: httpx.AsyncClient) -> None:
+        self._last_round_at = self._clock.now()
+        self._task = asyncio.get_running_loop().create_task(self._run(shared, http))
 
-async def pause_idle(pool: Pool) -> None:
-    """Idle pause (opt-in): Spaces with no leases and no waiters anywhere."""
-    names = [n for n in pool.spaces if pool.waker.policy.pauses(n)]
-    if not names:
-        return
-    for name in names:
-        sp = pool.spaces[name]
-        resource = SPACE_PREFIX + name
+    async def aclose(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
 
-        async def busy(sp: SpacePool = sp, resource: str = resource) -> bool:
-            if sp.busy():
-                return True
-            snap = await pool.coordinator.snapshot()
-            return bool(snap.held.get(resource) or snap.queued.get(resource))
-
-        await pool.waker.maybe_pause(sp.spec, busy, sp.drop_idle)
-
-
-async def health_check(pool: Pool) -> None:
-    """One round: probe ≤ ``health_sample`` idle connections per Space (SPEC 4.4)."""
-    pool._last_health_at = pool.clock.now()
-    pool.health_running = True
-    try:
-        await asyncio.gather(*(check_space(pool, sp) for sp in pool.spaces.values()))
-    finally:
-        pool.health_running = False
-        pool.last_health_check = datetime.now(UTC)
-
-
-async def check_space(pool: Pool, sp: SpacePool) -> None:
-    assert pool._http is not None
-    s = pool.settings
-    if pool.board.get(sp.name).waking(pool.clock.wall()):
-        return  # booting: its wake deadline decides, not the health check
-    sample = sp.idle_sample(s.health_sample)
-    if not sample:
-        if not sp.is_up() and sp.probe_url:
+    async def _run(self, shared: Shared, http: httpx.AsyncClient) -> None:
+        """Reap, publish, refresh shared health, pause, health-check; a store outage
+        never stops the loop."""
+        s = self._settings
+        tick = max(0.05, min(s.health_interval_s, s.idle_timeout_s / 2, PUBLISH_S))
+        while True:
+            await self._clock.sleep(tick)
+            for sp in self._spaces.values():
+                sp.reap_idle(s.idle_timeout_s)
             with contextlib.suppress(Exception):
-                await sp.probe(pool._http, sp.probe_url)
-                sp.down_until = 0.0  # answers again: let requests try it
-        return
-    for conn in sample:
+                await self._publish()
+            with contextlib.suppress(Exception):
+                await shared.board.refresh()
+            with contextlib.suppress(Exception):
+                await self._pause_idle(shared)
+            if self._clock.now() - self._last_round_at >= s.health_interval_s:
+                await self.health_check(shared, http)
+
+    async def _pause_idle(self, shared: Shared) -> None:
+        """Idle pause (opt-in): Spaces with no leases and no waiters anywhere."""
+        for name, sp in self._spaces.items():
+            if not shared.waker.policy.pauses(name):
+                continue
+            resource = SPACE_PREFIX + name
+
+            async def busy(sp: SpacePool = sp, resource: str = resource) -> bool:
+                if sp.busy():
+                    return True
+                snap = await shared.coordinator.snapshot()
+                return bool(snap.held.get(resource) or snap.queued.get(resource))
+
+            await shared.waker.maybe_pause(sp.spec, busy, sp.drop_idle)
+
+    async def health_check(self, shared: Shared, http: httpx.AsyncClient) -> None:
+        """One round: probe ≤ ``health_sample`` idle connections per Space (SPEC 4.4)."""
+        self._last_round_at = self._clock.now()
+        self.health_running = True
         try:
-            app_id = await sp.probe(pool._http, conn.probe_url())
-        except Exception:
-            conn.failures += 1
-            emit(pool.hooks, PoolEvent("health", sp.name, "failed"))
-            if not conn.is_healthy(s.health_failures):
-                sp.discard_idle(conn)
-            continue
-        conn.failures = 0
-        if conn.app_id is not None and app_id != conn.app_id:
-            emit(pool.hooks, PoolEvent("health", sp.name, "restarted"))
-            sp.restarted(app_id)
+            spaces = self._spaces.values()
+            await asyncio.gather(*(self._check(shared, http, sp) for sp in spaces))
+        finally:
+            self.health_running = False
+            self.last_health_check = datetime.fromtimestamp(self._clock.wall(), UTC)
+
+    async def _check(self, shared: Shared, http: httpx.AsyncClient, sp: SpacePool) -> None:
+        s = self._settings
+        if shared.board.get(sp.name).waking(self._clock.wall()):
+            return  # booting: its wake deadline decides, not the health check
+        sample = sp.idle_sample(s.health_sample)
+        if not sample:
+            if not sp.is_up() and sp.probe_url:
+                with contextlib.suppress(Exception):
+                    await sp.probe(http, sp.probe_url)
+                    sp.down_until = 0.0  # answers again: let requests try it
             return
-        emit(pool.hooks, PoolEvent("health", sp.name, "ok"))
+        for conn in sample:
+            try:
+                app_id = await sp.probe(http, conn.probe_url())
+            except Exception:
+                conn.failures += 1
+                emit(self._hooks, PoolEvent("health", sp.name, "failed"))
+                if not conn.is_healthy(s.health_failures):
+                    sp.discard_idle(conn)
+                continue
+            conn.failures = 0
+            if conn.app_id is not None and app_id != conn.app_id:
+                emit(self._hooks, PoolEvent("health", sp.name, "restarted"))
+                sp.restarted(app_id)
+                return
+            emit(self._hooks, PoolEvent("health", sp.name, "ok"))
