@@ -128,6 +128,12 @@ class _Call:
             await self.on_partial(partial)
 
 
+def _log_failure(task: asyncio.Task[Any]) -> None:
+    """Report the error of a release task that nobody awaits any more."""
+    if not task.cancelled() and (exc := task.exception()) is not None:
+        _log.error("a release failed after its caller left: %r", exc)
+
+
 class Pool:
     """Warm gradio_client connections for several Spaces behind one admission."""
 
@@ -395,10 +401,7 @@ class Pool:
         """Every step of a release, in one task (so no second cancel skips one)."""
         self._handles.discard(handle)
         sp.checkin(conn, discard=handle._detach())
-        try:
-            await self.coordinator.release(lease)
-        except Exception as exc:  # the store's TTL reclaims the slots
-            _log.warning("space %s: could not release a lease (%s)", sp.name, exc)
+        await self.coordinator.release(lease)  # a store outage: the store retries it
         emit(self.hooks, PoolEvent("finished", sp.name, outcome, held_s))
         await self._record(sp.name, handle.outcome)
 
@@ -411,13 +414,16 @@ class Pool:
         task = asyncio.get_running_loop().create_task(work)
         self._detached.add(task)
         task.add_done_callback(self._detached.discard)
-        if by is None:
-            return await asyncio.shield(task)
-        wait = max(by - self.clock.now(), _RELEASE_GRACE_S)
-        with contextlib.suppress(TimeoutError):
+        wait = None if by is None else max(by - self.clock.now(), _RELEASE_GRACE_S)
+        try:
             async with self.clock.timeout(wait):
                 return await asyncio.shield(task)
-        return None
+        except TimeoutError:
+            task.add_done_callback(_log_failure)  # it goes on alone
+            return None
+        except asyncio.CancelledError:
+            task.add_done_callback(_log_failure)
+            raise
 
     async def predict(
         self,
