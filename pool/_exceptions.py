@@ -118,9 +118,9 @@ class UnknownEndpoint(InvalidRequest):
 
     kind = "unknown_endpoint"
 
-    def __init__(self, api_name: str, available: list[str]) -> None:
+    def __init__(self, api_name: str, available: list[str], where: str = "this Space has") -> None:
         super().__init__(
-            f"unknown api_name {api_name!r}; this Space has: {', '.join(available) or '(none)'}"
+            f"unknown api_name {api_name!r}; {where}: {', '.join(available) or '(none)'}"
         )
         self.api_name = api_name
         self.available = available

@@ -52,6 +52,7 @@ from ._exceptions import (
     PoolClosedError,
     PoolError,
     RefusedByPolicy,
+    UnknownEndpoint,
     UnknownSpace,
     UpstreamTransportError,
 )
@@ -331,6 +332,7 @@ class Pool:
         ticket: WaitTicket | None = None,
         avoid: Sequence[str] = (),
         wake_limit_s: float | None = None,
+        api_name: str | None = None,
     ) -> AsyncIterator[PooledClient]:
         """Admission, then an exclusive connection; everything released on exit.
 
@@ -339,7 +341,10 @@ class Pool:
         around when another one can serve (a retry after a failure there);
         ``wake_limit_s`` is the request's deadline: it bounds every step (routing, a
         wait for a sleeping Space, admission, the checkout with connecting, and the
-        wait for the release at the end) by :class:`DeadlineExceeded`.
+        wait for the release at the end) by :class:`DeadlineExceeded`. ``api_name``:
+        the endpoint the caller will call; without ``space``, only Spaces that have it
+        (or whose API is not known yet) are candidates, and when no Space has it
+        :class:`UnknownEndpoint` is raised before any slot is taken.
         """
         await self.start()
         if space is not None and space not in self.spaces:
@@ -350,7 +355,9 @@ class Pool:
             self.settings.queue_timeout_s if queue_timeout_s is None else queue_timeout_s
         )
         by = None if wake_limit_s is None else now + wake_limit_s
-        lease, sp, conn = await self._admit_and_checkout(user, space, queue_by, by, ticket, avoid)
+        lease, sp, conn = await self._admit_and_checkout(
+            user, space, queue_by, by, ticket, avoid, api_name
+        )
         handle = self._handle_for(sp, conn, lease)
         started = self.clock.now()
         outcome = "ok"
@@ -500,6 +507,7 @@ class Pool:
             ticket=ticket,
             avoid=call.failed,
             wake_limit_s=left,
+            api_name=call.api_name,
         ) as handle:
             call.handle = handle
             return await self._run_admitted(handle, call, attempt)
@@ -584,13 +592,14 @@ class Pool:
         by: float | None,
         ticket: WaitTicket | None,
         avoid: Sequence[str],
+        api_name: str | None,
     ) -> tuple[Lease, SpacePool, Connection]:
         """Route, wake, admit, check out; a failure before the call fails over."""
         tried: list[str] = []
         last_error: PoolError | None = None
         while True:
             name, probing = await self._within(
-                by, "routing", self._pick(user, space, tried, last_error, avoid)
+                by, "routing", self._pick(user, space, tried, last_error, avoid, api_name)
             )
             sp = self.spaces[name]
             try:
@@ -608,6 +617,14 @@ class Pool:
                 if probing:  # hand the half-open probe back: nothing was learned
                     await self._await_detached(self._record(name, "neutral"))
                 raise
+            if space is None and not sp.may_serve(api_name):
+                # Its API became known on connecting, without the endpoint: not here.
+                sp.checkin(conn, discard=False)
+                await self._await_detached(self.coordinator.release(lease))
+                if probing:
+                    await self._await_detached(self._record(name, "neutral"))
+                tried.append(name)
+                continue
             if user is not None and space is None:
                 self.router.repin(user, name)
             return lease, sp, conn
@@ -695,11 +712,13 @@ class Pool:
         tried: list[str],
         last: PoolError | None,
         avoid: Sequence[str],
+        api_name: str | None = None,
     ) -> tuple[str, bool]:
-        """The Space for this attempt — up, breaker closed or ours to probe, not tried —
-        and whether this request is its half-open probe."""
+        """The Space for this attempt — up, breaker closed or ours to probe, not tried,
+        with the endpoint — and whether this request is its half-open probe."""
         if space is not None:
             return await self._pick_named(space, tried, last)
+        self._check_endpoint(api_name)
         board = self.board
         while True:
             now = self.clock.wall()
@@ -708,6 +727,7 @@ class Pool:
                 for n, sp in self.spaces.items()
                 if sp.is_up()
                 and n not in tried
+                and sp.may_serve(api_name)
                 and (board.get(n).admits() or board.get(n).probe_due(now))
             ]
             if not usable:
@@ -756,6 +776,13 @@ class Pool:
             f"Space {space!r} is refusing work for now (circuit breaker open)",
             retry_after_s=max(1.0, health.retry_after(self.clock.wall())),
         )
+
+    def _check_endpoint(self, api_name: str | None) -> None:
+        """UnknownEndpoint if every Space's API is known and none has ``api_name``."""
+        if any(sp.may_serve(api_name) for sp in self.spaces.values()):
+            return
+        known = sorted(set().union(*(sp.api_names or () for sp in self.spaces.values())))
+        raise UnknownEndpoint(str(api_name), known, where="the pool's Spaces have")
 
     def _retry_after_down(self) -> float:
         """Seconds until the first Space marked down or breaker-open may be tried again."""

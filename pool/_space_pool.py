@@ -77,6 +77,9 @@ class SpacePool:
         self.down_until = 0.0
         self.last_error: str | None = None
         self.opened_total = 0
+        # The Space's api_names, from its config when a connection last opened (None:
+        # not known yet); routing sends a call only where its endpoint exists.
+        self.api_names: frozenset[str] | None = None
 
     # -- predicates -------------------------------------------------------------------
     @property
@@ -89,6 +92,11 @@ class SpacePool:
 
     def is_up(self) -> bool:
         return self._clock.now() >= self.down_until
+
+    def may_serve(self, api_name: str | None) -> bool:
+        """Whether the Space has ``api_name``, as far as this process knows (a Space not
+        connected yet may)."""
+        return api_name is None or self.api_names is None or api_name in self.api_names
 
     def load(self) -> float:
         """In-use share of capacity, counting local waiters: the least-loaded metric."""
@@ -240,6 +248,7 @@ class SpacePool:
             conn.generation = self.generation
             self._drop_stale_idle()
         self.probe_url = conn.probe_url()
+        self.api_names = frozenset(conn.api_names())
         self._deliver(conn)
         self._top_up()
 
