@@ -18,7 +18,8 @@ def _pool(spaces: str, **kw: object) -> Pool:
 
 
 async def test_unreachable_space_fails_over_after_retries(clean_fleet: SpaceFleet) -> None:
-    """A Space nobody answers is tried 3 times, then the request is served elsewhere."""
+    """A Space nobody answers is given up on, the request is served elsewhere and the
+    user re-pinned there (test_failures counts the connect attempts themselves)."""
     dead = f"http://127.0.0.1:{free_port()}/"
     pool = _pool(f"dead={dead},{clean_fleet.pool_spaces_env()}", connect_attempts=3)
     try:
@@ -26,11 +27,9 @@ async def test_unreachable_space_fails_over_after_retries(clean_fleet: SpaceFlee
         # Force the dead Space first: a user pinned there is moved.
         user = "pinned@example.com"
         pool.router._pins[pool.hash_user(user) or ""] = "dead"
-        started = time.monotonic()
         async with pool.client(user) as client:
             assert client.space in ("alpha", "beta")
             assert await client.predict("x", 0, api_name="/echo") == f"{client.space}:x"
-        assert time.monotonic() - started >= 1.0, "three attempts with backoff were made"
         assert pool.router.pinned(pool.hash_user(user) or "") == client.space
         stats = await pool.stats()
         assert stats["pools"]["dead"]["up"] is False

@@ -406,10 +406,6 @@ async def test_a_file_url_is_served_by_every_worker_of_the_host(
 ) -> None:
     """uvicorn --workers 2 sharing POOL_FILE_DIR: a URL one worker issued, both serve."""
     body = {"space": "pic", "api_name": "/report", "args": ["w", 40]}
-    async with limited.client(**AUTH) as client:
-        response = await client.post("/api/predict", json=body)
-    assert response.status_code == 200, response.text
-    url = response.json()["result"]["file"]["url"]
 
     def pids_of(tag: str) -> set[int]:
         return {
@@ -420,12 +416,19 @@ async def test_a_file_url_is_served_by_every_worker_of_the_host(
 
     rounds = 0
     # As in test_predict: bursts of fresh connections until one burst spans both workers.
+    # Each round asks for a new URL: this service's URLs live 2 s (POOL_FILE_TTL_S), less
+    # than ten bursts can take on a loaded machine.
     for rounds in range(1, 11):
+        async with limited.client(**AUTH) as client:
+            response = await client.post("/api/predict", json=body)
+        assert response.status_code == 200, response.text
+        url = response.json()["result"]["file"]["url"]
         clients = [limited.client(**AUTH, **{"X-Request-ID": f"f{rounds}-{i}"}) for i in range(8)]
         got = await asyncio.gather(*(c.get(url) for c in clients))
         for c in clients:
             await c.aclose()
-        assert all(r.status_code == 200 and r.text == "pic:w\n" * 40 for r in got)
+        assert [r.status_code for r in got] == [200] * 8, [r.text for r in got]
+        assert all(r.text == "pic:w\n" * 40 for r in got)
         if len(pids_of(f"f{rounds}-")) == 2:
             break
     assert len(pids_of(f"f{rounds}-")) == 2, f"no burst reached both workers in {rounds} rounds"
