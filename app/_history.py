@@ -121,7 +121,7 @@ class Activity:
 
     async def publish(self, coordinator: Coordinator) -> None:
         """Share this process's summary with the other workers, for a few seconds."""
-        await coordinator.put_value(
+        await coordinator.values.put(
             _PREFIX + self.process_id, json.dumps(self.summary()), ttl_s=_PUBLISH_TTL_S
         )
 
@@ -129,7 +129,7 @@ class Activity:
         """Every live worker's summary, summed; this process's alone if the store fails."""
         try:
             await self.publish(coordinator)
-            published = await coordinator.values(_PREFIX)
+            published = await coordinator.values.scan(_PREFIX)
         except Exception:
             _log.warning("activity of other workers unavailable; showing this worker's")
             return self.summary()

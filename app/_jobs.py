@@ -112,7 +112,8 @@ _FIELDS = frozenset(f.name for f in fields(JobRecord))
 
 
 class JobStore(Protocol):
-    """Where jobs live. In-process today; the coordinator's store later."""
+    """Where jobs live: :class:`MemoryJobStore` (one process), or
+    :class:`~app._shared_jobs.SharedJobStore` (every worker reads and cancels)."""
 
     async def add(self, record: JobRecord) -> None:
         """Keep a new job; :class:`~app._errors.JobsFull` when no room can be made."""
@@ -136,6 +137,16 @@ class JobStore(Protocol):
         ...
 
     async def counts(self) -> dict[str, int]: ...
+
+    async def request_cancel(self, job_id: str) -> bool:
+        """Ask whichever worker runs ``job_id`` to cancel it; False when no other worker
+        can be reached this way (a store of one process)."""
+        ...
+
+    async def cancel_requests(self) -> list[str]:
+        """Job ids whose cancellation another worker asked for (each returned once by
+        the worker that runs the job)."""
+        ...
 
 
 @dataclass
@@ -262,6 +273,12 @@ class MemoryJobStore:
             out[entry.record.stage] = out.get(entry.record.stage, 0) + 1
         return out
 
+    async def request_cancel(self, job_id: str) -> bool:
+        return False  # one process: a job not running here runs nowhere
+
+    async def cancel_requests(self) -> list[str]:
+        return []
+
 
 class JobRunner:
     """Starts, follows and cancels this worker's jobs."""
@@ -301,8 +318,7 @@ class JobRunner:
         if task is not None:
             task.cancel()
             await asyncio.wait({task}, timeout=10.0)
-        elif (request := getattr(self.store, "request_cancel", None)) is not None:
-            await request(job_id)
+        elif await self.store.request_cancel(job_id):
             deadline = time.monotonic() + 10.0
             while time.monotonic() < deadline:
                 record = await self.store.get(job_id)
@@ -317,14 +333,11 @@ class JobRunner:
 
     async def watch_cancellations(self) -> None:
         """One poller per worker: cancel this worker's jobs that another worker asked to."""
-        asked = getattr(self.store, "cancel_requests", None)
-        if asked is None:
-            return
         while True:
             await asyncio.sleep(_QUEUE_POLL_S)
             if not self._tasks:
                 continue
-            for job_id in await asked():
+            for job_id in await self.store.cancel_requests():
                 task = self._tasks.get(job_id)
                 if task is not None:
                     task.cancel()

@@ -25,7 +25,7 @@ from collections.abc import Callable
 from dataclasses import asdict
 from typing import Any
 
-from pool.admission import Coordinator
+from pool.admission import SharedValues
 
 from ._jobs import JobRecord, MemoryJobStore
 
@@ -40,10 +40,10 @@ class SharedJobStore:
     """A :class:`~app._jobs.JobStore` whose jobs every worker can read and cancel."""
 
     def __init__(
-        self, local: MemoryJobStore, coordinator: Callable[[], Coordinator], retention_s: float
+        self, local: MemoryJobStore, values: Callable[[], SharedValues], retention_s: float
     ) -> None:
         self.local = local
-        self._coordinator = coordinator
+        self._values = values
         self._retention_s = retention_s
         self._mirrored_at: dict[str, float] = {}  # running job → last mirror (monotonic)
         self._later: dict[str, asyncio.Task[None]] = {}  # trailing partial mirrors
@@ -56,7 +56,7 @@ class SharedJobStore:
         else:
             self._mirrored_at[record.job_id] = time.monotonic()
         try:
-            await self._coordinator().put_value(
+            await self._values().put(
                 _JOB + record.job_id, json.dumps(asdict(record)), ttl_s=self._retention_s
             )
         except Exception as exc:  # best effort: the job goes on regardless
@@ -64,7 +64,7 @@ class SharedJobStore:
 
     async def _remote(self, job_id: str) -> JobRecord | None:
         try:
-            raw = await self._coordinator().get_value(_JOB + job_id)
+            raw = await self._values().get(_JOB + job_id)
         except Exception:
             return None
         if raw is None:
@@ -123,20 +123,23 @@ class SharedJobStore:
     async def counts(self) -> dict[str, int]:
         return await self.local.counts()
 
-    async def request_cancel(self, job_id: str) -> None:
+    async def request_cancel(self, job_id: str) -> bool:
         """Ask the worker that runs ``job_id`` to cancel it."""
-        with contextlib.suppress(Exception):
-            await self._coordinator().put_value(_CANCEL + job_id, "1", ttl_s=60.0)
+        try:
+            await self._values().put(_CANCEL + job_id, "1", ttl_s=60.0)
+        except Exception:
+            return False
+        return True
 
     async def cancel_requests(self) -> list[str]:
         """Job ids whose cancellation some worker asked for (and forget the asks)."""
         try:
-            asked = await self._coordinator().values(_CANCEL)
+            asked = await self._values().scan(_CANCEL)
         except Exception:
             return []
         ids = [key[len(_CANCEL):] for key in asked]
         for job_id in ids:
             if await self.local.get(job_id) is not None:
                 with contextlib.suppress(Exception):
-                    await self._coordinator().delete_value(_CANCEL + job_id)
+                    await self._values().delete(_CANCEL + job_id)
         return ids

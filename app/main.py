@@ -81,7 +81,7 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
     store: JobStore = local
     if pool.coordinator.store != "memory":
         # Workers share a coordinator: make every job readable (and cancellable) from all.
-        store = SharedJobStore(local, lambda: pool.coordinator, settings.job_retention_s)
+        store = SharedJobStore(local, lambda: pool.coordinator.values, settings.job_retention_s)
     runner = JobRunner(store, settings)
     watcher = asyncio.get_running_loop().create_task(runner.watch_cancellations())
     app.state.jobs = runner

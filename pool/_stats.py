@@ -80,7 +80,7 @@ class Stats:
         """Share this process's connection snapshot with the fleet, with a TTL."""
         if self.shared is None:
             return
-        await self.shared.coordinator.put_value(
+        await self.shared.coordinator.values.put(
             self._key,
             json.dumps({"pools": self._local(), "assignments": self._router.assignments}),
             ttl_s=3 * PUBLISH_S,
@@ -89,7 +89,7 @@ class Stats:
     async def withdraw(self) -> None:
         """Remove this process's snapshot (the pool is closing)."""
         if self.shared is not None:
-            await self.shared.coordinator.delete_value(self._key)
+            await self.shared.coordinator.values.delete(self._key)
 
     async def _fleet_pools(self) -> tuple[dict[str, dict[str, Any]], int, int]:
         """Connection counts summed over every live process: (pools, processes, users)."""
@@ -98,7 +98,7 @@ class Stats:
             return local, 1, 0
         try:
             await self.publish()
-            published = await self.shared.coordinator.values(PROCESS_PREFIX)
+            published = await self.shared.coordinator.values.scan(PROCESS_PREFIX)
         except Exception:
             return local, 1, self._router.assignments
         summed: dict[str, dict[str, Any]] = {n: dict.fromkeys(_SUMMED, 0) for n in local}

@@ -5,6 +5,7 @@ from __future__ import annotations
 from ._memory import MemoryCoordinator
 from ._protocol import AdmissionSnapshot, Coordinator, Lease, WaitTicket
 from ._rule import CONSUMER_PREFIX, GLOBAL_RESOURCE, SPACE_PREFIX, plan_grants
+from ._values import SharedValues
 
 
 def open_coordinator(url: str, *, lease_ttl_s: float = 15.0) -> Coordinator:
@@ -31,6 +32,7 @@ __all__ = [
     "Coordinator",
     "Lease",
     "MemoryCoordinator",
+    "SharedValues",
     "WaitTicket",
     "open_coordinator",
     "plan_grants",

@@ -59,8 +59,9 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
 from .._exceptions import BusyError, MisuseError, PoolClosedError
-from ._protocol import AdmissionSnapshot, Lease, WaitTicket, new_id
+from ._protocol import AdmissionSnapshot, Lease, StoreUnavailable, WaitTicket, new_id
 from ._rule import bottleneck_capacity, estimate_wait_s, limit_lookup
+from ._values import GuardedValues, SharedValues
 
 _log = logging.getLogger("pool.admission")
 
@@ -69,10 +70,6 @@ T = TypeVar("T")
 UNAVAILABLE = "coordinator_unavailable"
 SAFETY_FRACTION = 0.2
 """The local expiry of a lease comes this fraction of ``lease_ttl`` before the store's."""
-
-
-class StoreUnavailable(Exception):
-    """The store did not answer (down, locked, timed out); stores map their errors here."""
 
 
 @dataclass(frozen=True)
@@ -114,6 +111,11 @@ class SharedStore(Protocol):
     """One fleet-wide store; every mutating call is atomic and runs a grant pass."""
 
     name: str
+
+    @property
+    def values(self) -> SharedValues:
+        """The same store's shared values (raising :class:`StoreUnavailable`)."""
+        ...
     poll_interval_s: float
 
     def attach(self, local: LocalEntries) -> None: ...
@@ -143,20 +145,6 @@ class SharedStore(Protocol):
     async def snapshot(self) -> AdmissionSnapshot: ...
 
     async def shared_secret(self) -> bytes: ...
-
-    async def put_value(self, key: str, value: str, ttl_s: float) -> None: ...
-
-    async def get_value(self, key: str) -> str | None: ...
-
-    async def values(self, prefix: str) -> dict[str, str]: ...
-
-    async def delete_value(self, key: str) -> None: ...
-
-    async def update_value(
-        self, key: str, update: Callable[[str | None], str | None], ttl_s: float
-    ) -> str | None:
-        """Atomic read-modify-write of one value (see the Coordinator protocol)."""
-        ...
 
     async def watch(
         self, on_grant: Callable[[Iterable[str]], None], on_resume: Callable[[], None]
@@ -205,6 +193,7 @@ class SharedCoordinator:
         self._has_waiters = asyncio.Event()
         self._poll_now = asyncio.Event()
         self._reachable = True
+        self.values: SharedValues = GuardedValues(backend.values, self._unavailable)
         backend.attach(self)
 
     # -- the protocol ----------------------------------------------------------------------
@@ -289,23 +278,6 @@ class SharedCoordinator:
 
     async def shared_secret(self) -> bytes:
         return await self._ask(self._backend.shared_secret())
-
-    async def put_value(self, key: str, value: str, ttl_s: float) -> None:
-        await self._ask(self._backend.put_value(key, value, ttl_s))
-
-    async def get_value(self, key: str) -> str | None:
-        return await self._ask(self._backend.get_value(key))
-
-    async def values(self, prefix: str) -> dict[str, str]:
-        return await self._ask(self._backend.values(prefix))
-
-    async def delete_value(self, key: str) -> None:
-        await self._ask(self._backend.delete_value(key))
-
-    async def update_value(
-        self, key: str, update: Callable[[str | None], str | None], ttl_s: float
-    ) -> str | None:
-        return await self._ask(self._backend.update_value(key, update, ttl_s))
 
     async def _ask(self, call: Awaitable[T]) -> T:
         """A store call outside admission; an unreachable store is ``BusyError``."""

@@ -24,6 +24,7 @@ from ._rule import (
     limit_lookup,
     plan_grants,
 )
+from ._values import MemoryValues
 
 _TICKETS_EVERY_S = 0.25  # how often the queued waiters' positions and estimates are refreshed
 
@@ -49,7 +50,7 @@ class MemoryCoordinator:
         self._waiters: OrderedDict[str, _Waiter] = OrderedDict()
         self._mean_hold_s = 1.0
         self._secret = os.urandom(32)
-        self._values: dict[str, tuple[str, float]] = {}
+        self.values = MemoryValues()
         self._keys = itertools.count(1)  # waiter and lease ids: unique in this process
         # Waiters that do not need backend:global: while there is none, a grant pass
         # stops once the global resource is full (see plan_grants' ``all_need``).
@@ -181,35 +182,6 @@ class MemoryCoordinator:
             waiting=len(self._waiters),
             store=self.store,
         )
-
-    async def put_value(self, key: str, value: str, ttl_s: float) -> None:
-        self._values[key] = (value, time.monotonic() + ttl_s)
-
-    async def get_value(self, key: str) -> str | None:
-        found = self._values.get(key)
-        if found is None or found[1] <= time.monotonic():
-            self._values.pop(key, None)
-            return None
-        return found[0]
-
-    async def values(self, prefix: str) -> dict[str, str]:
-        now = time.monotonic()
-        for key in [k for k, (_, exp) in self._values.items() if exp <= now]:
-            del self._values[key]
-        return {k: v for k, (v, _) in self._values.items() if k.startswith(prefix)}
-
-    async def delete_value(self, key: str) -> None:
-        self._values.pop(key, None)
-
-    async def update_value(
-        self, key: str, update: Callable[[str | None], str | None], ttl_s: float
-    ) -> str | None:
-        current = await self.get_value(key)  # no await inside: atomic on the loop
-        new = update(current)
-        if new is None:
-            return current
-        self._values[key] = (new, time.monotonic() + ttl_s)
-        return new
 
     async def shared_secret(self) -> bytes:
         return self._secret

@@ -3,7 +3,8 @@
 A coordinator holds, for a whole fleet of processes, the resources' limits, the
 leases granted on them and the FIFO list of waiters. :func:`open_coordinator` picks
 the store from ``POOL_COORDINATOR_URL``. Every store applies the same grant rule
-(:mod:`pool.admission._rule`).
+(:mod:`pool.admission._rule`). Each also keeps the fleet's shared values, behind their
+own protocol (:class:`~pool.admission._values.SharedValues`).
 """
 
 from __future__ import annotations
@@ -14,9 +15,12 @@ import time
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from .._exceptions import LeaseLost, MisuseError
+
+if TYPE_CHECKING:
+    from ._values import SharedValues
 
 _log = logging.getLogger("pool.admission")
 
@@ -108,6 +112,10 @@ class Lease:
         return f"<Lease {self.lease_id[:8]} {','.join(self.resources)} {state}>"
 
 
+class StoreUnavailable(Exception):
+    """The store did not answer (down, locked, timed out); stores map their errors here."""
+
+
 def new_id() -> str:
     return uuid.uuid4().hex
 
@@ -125,9 +133,16 @@ class AdmissionSnapshot:
 
 
 class Coordinator(Protocol):
-    """What the pool needs from an admission store."""
+    """What the pool needs from an admission store.
+
+    ``values`` are the same store's shared values (:mod:`pool.admission._values`),
+    kept apart from admission: reading or writing them never slows an acquire.
+    """
 
     store: str
+
+    @property
+    def values(self) -> SharedValues: ...
 
     async def acquire(
         self, resources: Sequence[str], *, timeout: float, ticket: WaitTicket | None = None
@@ -149,31 +164,6 @@ class Coordinator(Protocol):
         ...
 
     async def snapshot(self) -> AdmissionSnapshot: ...
-
-    async def put_value(self, key: str, value: str, ttl_s: float) -> None:
-        """Store a small value for every process to read, expiring after ``ttl_s``."""
-        ...
-
-    async def get_value(self, key: str) -> str | None:
-        """The live value under ``key``, or None."""
-        ...
-
-    async def values(self, prefix: str) -> dict[str, str]:
-        """Every live value whose key starts with ``prefix``."""
-        ...
-
-    async def delete_value(self, key: str) -> None: ...
-
-    async def update_value(
-        self, key: str, update: Callable[[str | None], str | None], ttl_s: float
-    ) -> str | None:
-        """Atomically replace the value under ``key`` with ``update(current)``.
-
-        ``update`` is a pure function (no I/O: it may run more than once when another
-        process writes the key at the same moment); returning None leaves the value as
-        it is. Returns the value stored afterwards (None if there is none).
-        """
-        ...
 
     async def shared_secret(self) -> bytes:
         """A random key shared by every process on this store (keys user hashes)."""

@@ -14,8 +14,11 @@ Redis Cluster, as every script touches all the keys)::
     wexp      ZSET   waiter id scored by its expiry (ms, server clock)
     leases    HASH   lease id -> the same record; a granted waiter keeps its id
     lexp      ZSET   lease id scored by its expiry
-    kv, kvexp HASH + ZSET   small shared values and their expiry (put_value)
     noglobal  SET    queued waiter ids that do not need ``backend:global``
+
+Shared values live under the same prefix (``values:<ns>``, ``vexp:<ns>``), read and
+written by their own script (:mod:`pool.admission._redis_values`); this one never
+touches them.
 
 Why it is shaped this way:
 
@@ -67,7 +70,6 @@ import contextlib
 import hashlib
 import json
 import logging
-import random
 import secrets
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, cast
@@ -80,28 +82,23 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError, ReadOnlyError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from ._lease_keeper import LocalEntries, SharedCoordinator, StoreUnavailable, StoreView, Withdrawn
-from ._protocol import AdmissionSnapshot, new_id
+from ._lease_keeper import LocalEntries, SharedCoordinator, StoreView, Withdrawn
+from ._protocol import AdmissionSnapshot, StoreUnavailable, new_id
+from ._redis_values import RedisValues
 
 _log = logging.getLogger("pool.admission")
 
-_KEYS = (
-    "meta", "limits", "held", "queue", "waiters", "wexp", "leases", "lexp", "kv", "kvexp",
-    "noglobal",
-)
-_CAS_ATTEMPTS = 32
+_KEYS = ("meta", "limits", "held", "queue", "waiters", "wexp", "leases", "lexp", "noglobal")
 _OPS_PER_RUN = 32  # operations per script run at most: Redis runs one script at a time
 _UNREACHABLE = (RedisConnectionError, RedisTimeoutError, ReadOnlyError, OSError)
 
 _SCRIPT = r"""
--- KEYS: meta, limits, held, queue, waiters, wexp, leases, lexp, kv, kvexp, noglobal
---       (see _redis.py)
+-- KEYS: meta, limits, held, queue, waiters, wexp, leases, lexp, noglobal (see _redis.py)
 -- ARGV: channel prefix, then one or more operations, each as a count n and n items:
 --       op, owner, epoch, op arguments...  Returns the JSON list of their results.
 local META, LIMITS, HELD, QUEUE = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local WAITERS, WEXP, LEASES, LEXP = KEYS[5], KEYS[6], KEYS[7], KEYS[8]
-local KV, KVEXP = KEYS[9], KEYS[10]
-local NOGLOBAL = KEYS[11]
+local NOGLOBAL = KEYS[9]
 local BATCH, chan = ARGV, ARGV[1]
 -- Rebound to each operation in turn (see the end): ARGV = {op, owner, epoch, chan, ...}.
 local ARGV, op, owner, epoch = {}, '', '', ''
@@ -378,47 +375,6 @@ elseif op == 'snapshot' then
   for r, n in pairs(queued) do flat[#flat + 1] = r; flat[#flat + 1] = n end
   return {'OK', mine, redis.call('HGETALL', HELD), flat, redis.call('HGETALL', LIMITS), waiting}
 
-elseif op == 'kv_put' then
-  local key = ARGV[5]
-  redis.call('HSET', KV, key, ARGV[6])
-  redis.call('ZADD', KVEXP, now + tonumber(ARGV[7]), key)
-  return {'OK'}
-
-elseif op == 'kv_cas' then
-  -- compare-and-set: write ARGV[8] only if the live value is still ARGV[7]
-  -- (ARGV[6] == '1'), or absent (ARGV[6] == '0'); else answer the live value
-  local key = ARGV[5]
-  local current = redis.call('HGET', KV, key)
-  local expiry = redis.call('ZSCORE', KVEXP, key)
-  if current and expiry and tonumber(expiry) <= now then current = false end
-  local expected = false
-  if ARGV[6] == '1' then expected = ARGV[7] end
-  if current ~= expected then return {'CONFLICT', current} end
-  redis.call('HSET', KV, key, ARGV[8])
-  redis.call('ZADD', KVEXP, now + tonumber(ARGV[9]), key)
-  return {'OK'}
-
-elseif op == 'kv_get' or op == 'kv_values' or op == 'kv_del' then
-  for _, key in ipairs(redis.call('ZRANGEBYSCORE', KVEXP, '-inf', string.format('%d', now))) do
-    redis.call('HDEL', KV, key)
-    redis.call('ZREM', KVEXP, key)
-  end
-  if op == 'kv_get' then return {'OK', redis.call('HGET', KV, ARGV[5])} end  -- false: none
-  if op == 'kv_del' then
-    redis.call('HDEL', KV, ARGV[5])
-    redis.call('ZREM', KVEXP, ARGV[5])
-    return {'OK'}
-  end
-  local found = {}
-  local flat = redis.call('HGETALL', KV)
-  for i = 1, #flat, 2 do
-    if string.sub(flat[i], 1, #ARGV[5]) == ARGV[5] then
-      found[#found + 1] = flat[i]
-      found[#found + 1] = flat[i + 1]
-    end
-  end
-  return {'OK', found}
-
 elseif op == 'secret' then
   redis.call('HSETNX', META, 'secret', ARGV[5])
   return {'OK', redis.call('HGET', META, 'secret')}
@@ -572,8 +528,10 @@ class _RedisStore:
         self._limits_set: dict[str, int] = {}
         self._secret: str | None = None
         self._local: LocalEntries | None = None
-        self._value_locks = [asyncio.Lock() for _ in range(16)]
         self._closed = False
+        self.values = RedisValues(
+            self._client, prefix, where=self._where, closed=lambda: self._closed
+        )
 
     def attach(self, local: LocalEntries) -> None:
         self._local = local
@@ -763,42 +721,6 @@ class _RedisStore:
             reply = await self._call("secret", secrets.token_hex(32))
             self._secret = str(reply[1])
         return bytes.fromhex(self._secret)
-
-    async def put_value(self, key: str, value: str, ttl_s: float) -> None:
-        await self._call("kv_put", key, value, max(1, round(ttl_s * 1000)))
-
-    async def get_value(self, key: str) -> str | None:
-        reply = await self._call("kv_get", key)
-        return None if reply[1] is False else str(reply[1])
-
-    async def values(self, prefix: str) -> dict[str, str]:
-        flat = (await self._call("kv_values", prefix))[1]
-        return {str(flat[i]): str(flat[i + 1]) for i in range(0, len(flat), 2)}
-
-    async def delete_value(self, key: str) -> None:
-        await self._call("kv_del", key)
-
-    async def update_value(
-        self, key: str, update: Callable[[str | None], str | None], ttl_s: float
-    ) -> str | None:
-        # Optimistic: read, compute, compare-and-set; a write by another process in
-        # between makes the script answer CONFLICT with the live value, and we go again.
-        # Updates of one key from this process take turns (a striped lock), so only
-        # other processes can conflict with us and the loop converges.
-        async with self._value_locks[hash(key) % len(self._value_locks)]:
-            current = await self.get_value(key)
-            ttl_ms = max(1, round(ttl_s * 1000))
-            for attempt in range(_CAS_ATTEMPTS):
-                new = update(current)
-                if new is None:
-                    return current
-                known = ("0", "") if current is None else ("1", current)
-                reply = await self._call("kv_cas", key, *known, new, ttl_ms)
-                if reply[0] == "OK":
-                    return new
-                current = None if reply[1] is False else str(reply[1])
-                await asyncio.sleep(random.uniform(0, 0.001 * (attempt + 1)))
-        raise StoreUnavailable(f"redis {self._where}: value {key!r} keeps changing")
 
     async def watch(
         self, on_grant: Callable[[Iterable[str]], None], on_resume: Callable[[], None]

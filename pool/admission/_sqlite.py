@@ -8,7 +8,7 @@ processes. The whole fleet state lives in the file::
     leases(id, owner, resources, ttl_s, granted_at, expires_at)
     stats(key, value)                             mean_hold_s (EWMA over releases)
     secret(id = 1, key)                           created once, read by everyone
-    kv(key, value, expires_at)                    small shared values (put_value)
+    shared_values(ns, key, value, expires_at)     shared values, apart from admission
     meta(key, value)                              quarantine: no grant before this time
 
 ``seq`` is the arrival order, fleet-wide. Holder counts are *derived* from the live
@@ -79,12 +79,13 @@ from .._threads import wait_ended
 from ._lease_keeper import (
     LocalEntries,
     SharedCoordinator,
-    StoreUnavailable,
     StoreView,
     Withdrawn,
 )
-from ._protocol import AdmissionSnapshot, new_id
+from ._protocol import AdmissionSnapshot, StoreUnavailable, new_id
 from ._rule import GLOBAL_RESOURCE, limit_lookup, plan_grants
+from ._sqlite_values import SCHEMA as VALUES_SCHEMA
+from ._sqlite_values import SQLiteValues
 
 T = TypeVar("T")
 _log = logging.getLogger("pool.admission")
@@ -115,9 +116,8 @@ _SCHEMA = (
     "CREATE INDEX IF NOT EXISTS leases_expiry ON leases(expires_at)",
     "CREATE TABLE IF NOT EXISTS stats (key TEXT PRIMARY KEY, value REAL NOT NULL)",
     "CREATE TABLE IF NOT EXISTS secret (id INTEGER PRIMARY KEY CHECK (id = 1), key BLOB NOT NULL)",
-    """CREATE TABLE IF NOT EXISTS kv (
-        key TEXT PRIMARY KEY, value TEXT NOT NULL, expires_at REAL NOT NULL)""",
     "CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value REAL NOT NULL)",
+    *VALUES_SCHEMA,
 )
 
 _IDS = "(SELECT value FROM json_each(?))"  # a JSON array parameter as a set of ids
@@ -208,6 +208,7 @@ class _SQLiteStore:
         self._reset_pending = False  # the file changed: only a restore may run
         self._next_safety_pass = 0.0
         self._next_positions = 0.0
+        self.values = SQLiteValues(self._transact, self._read)
 
     def attach(self, local: LocalEntries) -> None:
         """Whose entries to re-register if the file is ever deleted or replaced."""
@@ -318,61 +319,6 @@ class _SQLiteStore:
             candidate = secrets.token_bytes(32)
             self._secret = await self._transact(lambda c, _now: _secret(c, candidate))
         return self._secret
-
-    async def put_value(self, key: str, value: str, ttl_s: float) -> None:
-        def put(conn: sqlite3.Connection, now: float) -> None:
-            conn.execute("DELETE FROM kv WHERE expires_at <= ?", (now,))
-            conn.execute(
-                "INSERT INTO kv (key, value, expires_at) VALUES (?, ?, ?) ON CONFLICT (key)"
-                " DO UPDATE SET value = excluded.value, expires_at = excluded.expires_at",
-                (key, value, now + ttl_s),
-            )
-
-        await self._transact(put)
-
-    async def get_value(self, key: str) -> str | None:
-        def get(conn: sqlite3.Connection) -> str | None:
-            row = conn.execute(
-                "SELECT value FROM kv WHERE key = ? AND expires_at > ?", (key, time.time())
-            ).fetchone()
-            return None if row is None else str(row[0])
-
-        return await self._read(get)
-
-    async def values(self, prefix: str) -> dict[str, str]:
-        def scan(conn: sqlite3.Connection) -> dict[str, str]:
-            return dict(
-                conn.execute(
-                    "SELECT key, value FROM kv"
-                    " WHERE substr(key, 1, length(?1)) = ?1 AND expires_at > ?2",
-                    (prefix, time.time()),
-                )
-            )
-
-        return await self._read(scan)
-
-    async def delete_value(self, key: str) -> None:
-        await self._transact(lambda c, _now: c.execute("DELETE FROM kv WHERE key = ?", (key,)))
-
-    async def update_value(
-        self, key: str, update: Callable[[str | None], str | None], ttl_s: float
-    ) -> str | None:
-        def swap(conn: sqlite3.Connection, now: float) -> str | None:
-            row = conn.execute(
-                "SELECT value FROM kv WHERE key = ? AND expires_at > ?", (key, now)
-            ).fetchone()
-            current = None if row is None else str(row[0])
-            new = update(current)
-            if new is None:
-                return current
-            conn.execute(
-                "INSERT INTO kv (key, value, expires_at) VALUES (?, ?, ?) ON CONFLICT (key)"
-                " DO UPDATE SET value = excluded.value, expires_at = excluded.expires_at",
-                (key, new, now + ttl_s),
-            )
-            return new
-
-        return await self._transact(swap)  # BEGIN IMMEDIATE: atomic across processes
 
     async def close(self) -> None:
         """Close the connection (the file's fds) and end the worker thread."""

@@ -1,6 +1,6 @@
 """The health board: every Space's shared :class:`SpaceHealth`, cached in this process.
 
-Writes go through ``Coordinator.update_value`` (atomic in every store), so the window
+Writes go through ``SharedValues.update`` (atomic in every store), so the window
 and the breaker are one per Space for the whole fleet; reads on the request path use
 the local cache, which every write of ours and a refresh every maintenance tick keep
 current (another process's change is seen within one tick).
@@ -70,7 +70,7 @@ class HealthBoard:
                 return None
             return new.dumps()
 
-        raw = await self._coordinator.update_value(KEY_PREFIX + name, step, _TTL_S)
+        raw = await self._coordinator.values.update(KEY_PREFIX + name, step, _TTL_S)
         after = SpaceHealth.loads(raw, params, self._clock.wall())
         self._learn(name, after, before[0] if before else self._cache[name])
         await self._apply_limit(name, after.window)
@@ -101,7 +101,7 @@ class HealthBoard:
 
     async def refresh(self) -> None:
         """Read every record (other processes' changes) and re-apply the windows."""
-        stored = await self._coordinator.values(KEY_PREFIX)
+        stored = await self._coordinator.values.scan(KEY_PREFIX)
         now = self._clock.wall()
         for name in self._cache:
             raw = stored.get(KEY_PREFIX + name)

@@ -2,7 +2,7 @@
 
 The record is a small JSON document kept in the coordinator's shared values and
 changed only by the pure functions below, applied atomically by the store
-(``Coordinator.update_value``): every process sees one window, one breaker and one
+(``SharedValues.update``): every process sees one window, one breaker and one
 wake deadline per Space. Times are wall-clock seconds (``time.time()``), the only
 clock several hosts share.
 

@@ -270,21 +270,40 @@ async def test_shared_secret_is_32_stable_bytes(coord: Coordinator) -> None:
 
 
 async def test_shared_values_expire_and_list_by_prefix(coord: Coordinator) -> None:
-    """put_value/get_value/values/delete_value: a small TTL'd map for the whole fleet."""
-    await coord.put_value("proc:a", "1", ttl_s=30)
-    await coord.put_value("proc:b", "", ttl_s=30)
-    await coord.put_value("other", "3", ttl_s=30)
-    await coord.put_value("proc:short", "4", ttl_s=0.05)
-    assert await coord.get_value("proc:a") == "1"
-    assert await coord.get_value("proc:b") == ""
-    assert await coord.get_value("missing") is None
-    await coord.put_value("proc:a", "2", ttl_s=30)
+    """values.put/get/scan/delete: a small TTL'd map for the whole fleet."""
+    values = coord.values
+    await values.put("proc:a", "1", ttl_s=30)
+    await values.put("proc:b", "", ttl_s=30)
+    await values.put("other", "3", ttl_s=30)
+    await values.put("proc:short", "4", ttl_s=0.05)
+    assert await values.get("proc:a") == "1"
+    assert await values.get("proc:b") == ""
+    assert await values.get("missing") is None
+    await values.put("proc:a", "2", ttl_s=30)
     await until_async(
-        lambda: _equals(coord.values("proc:"), {"proc:a": "2", "proc:b": ""}),
+        lambda: _equals(values.scan("proc:"), {"proc:a": "2", "proc:b": ""}),
         what="the short-lived value to expire",
     )
-    await coord.delete_value("proc:a")
-    assert await coord.get_value("proc:a") is None
+    await values.delete("proc:a")
+    assert await values.get("proc:a") is None
+    assert await values.scan("") == {"other": "3"}
+
+
+async def test_a_scan_reads_one_namespace_and_filters_by_the_rest_of_the_prefix(
+    coord: Coordinator,
+) -> None:
+    """Keys are grouped by namespace (text up to the first colon): a scan returns
+    only its namespace's keys that start with the whole prefix."""
+    values = coord.values
+    for key in ("job:a1", "job:a2", "job:b1", "jobcancel:a1", "jobs:a1", "job"):
+        await values.put(key, key.upper(), ttl_s=30)
+    assert await values.scan("job:") == {"job:a1": "JOB:A1", "job:a2": "JOB:A2", "job:b1": "JOB:B1"}
+    assert await values.scan("job:a") == {"job:a1": "JOB:A1", "job:a2": "JOB:A2"}
+    assert await values.scan("jobcancel:") == {"jobcancel:a1": "JOBCANCEL:A1"}
+    assert await values.scan("") == {"job": "JOB"}
+    await values.delete("job:a1")
+    assert await values.scan("job:a") == {"job:a2": "JOB:A2"}
+    assert await values.get("jobcancel:a1") == "JOBCANCEL:A1"
 
 
 async def _equals(result: Awaitable[dict[str, str]], expected: dict[str, str]) -> bool:

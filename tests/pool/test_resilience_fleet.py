@@ -149,7 +149,7 @@ def shared_view(url: str, name: str) -> tuple[AdmissionSnapshot, dict[str, Any]]
         coordinator = open_coordinator(url, lease_ttl_s=5.0)
         try:
             snapshot = await coordinator.snapshot()
-            raw = await coordinator.get_value(KEY_PREFIX + name)
+            raw = await coordinator.values.get(KEY_PREFIX + name)
         finally:
             await coordinator.aclose()
         assert raw is not None, f"no shared health record for {name}"
