@@ -30,6 +30,10 @@ from ._values import Update, namespace_of
 _UNREACHABLE = (RedisConnectionError, RedisTimeoutError, ReadOnlyError, OSError)
 _CAS_ATTEMPTS = 32
 _PURGE = 256  # expired values dropped per write at most (a scan drops them all)
+# Values calls in flight at once per process. Each takes a connection of the client's
+# pool (admission's calls share one batch, values calls do not), and redis-py refuses
+# a call past the pool's size (100) as if Redis were unreachable.
+_IN_FLIGHT = 32
 
 _SCRIPT = r"""
 -- KEYS: values:<ns> HASH, vexp:<ns> ZSET.  ARGV: op, key or prefix, op arguments.
@@ -106,6 +110,7 @@ class RedisValues:
         self._where = where
         self._closed = closed
         self._locks = [asyncio.Lock() for _ in range(16)]
+        self._in_flight = asyncio.Semaphore(_IN_FLIGHT)
 
     async def _run(self, op: str, key: str, *args: str | int) -> list[Any]:
         if self._closed():  # a late call must not reconnect a closed client
@@ -113,7 +118,8 @@ class RedisValues:
         ns = namespace_of(key)
         keys = [f"{self._prefix}values:{ns}", f"{self._prefix}vexp:{ns}"]
         try:
-            reply = await self._script(keys=keys, args=[op, key, *args])
+            async with self._in_flight:
+                reply = await self._script(keys=keys, args=[op, key, *args])
         except _UNREACHABLE as exc:
             raise StoreUnavailable(f"redis {self._where}: {exc}") from exc
         return list(reply)
