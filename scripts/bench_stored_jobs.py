@@ -30,14 +30,15 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import statistics
-import sys
 import tempfile
 import time
 import uuid
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
 import redis
@@ -101,10 +102,8 @@ async def background(values: Values, stop: asyncio.Event) -> None:
     async def every(period_s: float, step: Callable[[], Awaitable[object]]) -> None:
         while not stop.is_set():
             await step()
-            try:
+            with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), period_s)
-            except TimeoutError:
-                pass
 
     async def maintenance() -> None:
         await values.scan("health:")
@@ -193,7 +192,7 @@ def cleanup_redis(url_pair: list[str], base: str) -> None:
             client.delete(key)
 
 
-async def main(args: argparse.Namespace) -> None:
+async def main(args: argparse.Namespace) -> list[dict[str, Any]]:
     print(f"admission cycle, 0 vs {args.jobs} stored jobs; {args.rounds} rounds x "
           f"{args.cycles} cycles per side{' (baseline API)' if args.baseline else ''}")
     print(f"{'store':8} {'0 jobs p50':>11} {'p95':>8} {'jobs p50':>10} {'p95':>8} "
@@ -216,9 +215,7 @@ async def main(args: argparse.Namespace) -> None:
                   f"{j['median_us']:8.0f}us {j['p95_us']:6.0f}us "
                   f"{j['median_us'] / e['median_us']:9.2f}x "
                   f"{j['mean_us'] / e['mean_us']:10.2f}x")
-    if args.json:
-        with open(args.json, "w") as out:
-            json.dump(rows, out, indent=2)
+    return rows
 
 
 if __name__ == "__main__":
@@ -232,4 +229,7 @@ if __name__ == "__main__":
     parser.add_argument("--baseline", action="store_true",
                         help="the coordinator of a checkout from before the split")
     parser.add_argument("--json", help="also write the rows to this file")
-    sys.exit(asyncio.run(main(parser.parse_args())))
+    options = parser.parse_args()
+    measured = asyncio.run(main(options))
+    if options.json:
+        Path(options.json).write_text(json.dumps(measured, indent=2))
