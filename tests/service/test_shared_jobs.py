@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import httpx
@@ -15,14 +15,21 @@ from app._settings import ServiceSettings
 from app.main import create_app
 from devspaces import SpaceFleet
 from pool import Pool, PoolSettings, set_pool
+from tests.admission.conftest import SHARED_STORES, make_url
+
+
+@pytest.fixture(params=SHARED_STORES)
+def shared_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    """A fresh SQLite file or Redis prefix (removed afterwards)."""
+    yield from make_url(request.param, tmp_path, "shared")
 
 
 @pytest.fixture
 async def two_workers(
-    fleet: SpaceFleet, tmp_path: Path
+    fleet: SpaceFleet, shared_url: str
 ) -> AsyncIterator[tuple[httpx.AsyncClient, httpx.AsyncClient, Pool]]:
-    """Two app instances (two workers' job runners) over one SQLite coordinator."""
-    url = f"sqlite:///{tmp_path / 'shared' / 'coordinator.db'}"
+    """Two app instances (two workers' job runners) over one shared coordinator."""
+    url = shared_url
     pool = Pool(PoolSettings(spaces=fleet.pool_spaces_env(), coordinator_url=url))
     set_pool(pool)
     apps: list[FastAPI] = [create_app(ServiceSettings()) for _ in range(2)]
