@@ -208,15 +208,17 @@ end
 -- all_need early exit: while every queued waiter needs backend:global (noglobal is
 -- empty), the pass stops once that resource is full, as nobody later can be granted.
 -- The queue is read CHUNK entries at a time, so a stopped pass does not read it all.
--- Returns the ids granted to the caller's owner; PUBLISHes the others' ids.
-local function grant_pass()
-  if quarantined() then return {} end
+-- As there, the pass is repeated while a place held at (3) went stale (its consumer
+-- filled up later in the pass). Returns the ids granted to the caller's owner;
+-- PUBLISHes the others' ids.
+local function one_pass(mine, others)
   local ids = redis.call('ZRANGE', QUEUE, 0, CHUNK - 1)
-  if #ids == 0 then return {} end
+  if #ids == 0 then return false end
   local counts = as_table(redis.call('HGETALL', HELD))
   local full_at = math.huge
   if redis.call('SCARD', NOGLOBAL) == 0 then full_at = limit_of(GLOBAL) end
-  local mine, others = {}, {}
+  local claims = {}                                            -- private resources of (3)
+  local granted = false
   local start, stop = 0, false
   repeat
   local gone = 0                                               -- entries left the queue
@@ -242,6 +244,7 @@ local function grant_pass()
           drop_waiter(id)
           gone = gone + 1
           make_lease(id, rec, w)
+          granted = true
           if w.o == owner then
             mine[#mine + 1] = id
           else
@@ -250,7 +253,11 @@ local function grant_pass()
           end
         else                                                   -- (3) hold its place in line
           for _, r in ipairs(w.r) do
-            if not is_private(r) then counts[r] = (counts[r] or 0) + 1 end
+            if is_private(r) then
+              claims[#claims + 1] = r
+            else
+              counts[r] = (counts[r] or 0) + 1
+            end
           end
         end
       end
@@ -260,6 +267,17 @@ local function grant_pass()
   start = start + #ids - gone
   ids = redis.call('ZRANGE', QUEUE, start, start + CHUNK - 1)
   until #ids == 0
+  if not granted then return false end
+  for _, r in ipairs(claims) do
+    if (counts[r] or 0) >= limit_of(r) then return true end    -- a stale place: again
+  end
+  return false
+end
+
+local function grant_pass()
+  if quarantined() then return {} end
+  local mine, others = {}, {}
+  while one_pass(mine, others) do end
   for o, list in pairs(others) do redis.call('PUBLISH', chan .. o, table.concat(list, ',')) end
   return mine
 end

@@ -43,7 +43,7 @@ their critical section; the Redis store runs the same rule in a Lua script
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping, Sequence
 from typing import TypeVar
 
 CONSUMER_PREFIX = "consumer:"
@@ -67,17 +67,59 @@ def plan_grants(
 ) -> list[K]:
     """Return the keys of the waiters to grant now, oldest first (see module doc).
 
+    The rule's pass is repeated over the waiters left until it grants nothing new: a
+    grant late in a pass can fill the consumer of an earlier waiter that held a place
+    in line at (3); that waiter can no longer be served now, so the next pass skips it
+    at (1) and its place goes to whoever can use it (else a slot would stay idle while
+    a waiter could take it, SPEC 4.5 property 5). Each pass applies the rule to the
+    state the last one left, so the result keeps every property of one pass.
+
     ``all_need`` is a resource that the caller knows *every* waiter needs (the pool's
     requests all need ``backend:global``). Once its count — held, granted in this pass
     and set aside by (3) — reaches its limit, no later waiter can be granted and
     nothing later can change what the pass returns, so the pass stops there: a
     hand-off costs O(limit), not O(waiters), however long the queue. ``waiters`` may
-    be a lazy iterable; it is not read past that point.
+    be a lazy iterable; it is read once, not past the furthest point a pass reaches.
     """
+    source = iter(waiters)
+    read: list[tuple[K, Sequence[str]]] = []
+
+    def queue() -> Iterator[tuple[K, Sequence[str]]]:
+        yield from read
+        for item in source:
+            read.append(item)
+            yield item
+
+    base = dict(held)
+    granted: list[K] = []
+    while True:
+        new, stale = _one_pass(queue(), base, limit_of, all_need, set(granted))
+        granted.extend(new)
+        if not stale:
+            return granted
+        fresh = set(new)
+        for key, resources in read:
+            if key in fresh:
+                for r in resources:
+                    base[r] = base.get(r, 0) + 1
+
+
+def _one_pass(
+    waiters: Iterable[tuple[K, Sequence[str]]],
+    held: Mapping[str, int],
+    limit_of: Callable[[str], int],
+    all_need: str | None,
+    done: set[K],
+) -> tuple[list[K], bool]:
+    """One pass of the rule over the waiters not in ``done``: (the keys it grants,
+    whether a place held at (3) went stale, i.e. its consumer filled up later on)."""
     counts = dict(held)
     granted: list[K] = []
+    claims: list[Sequence[str]] = []  # resources of the waiters holding a place
     full_at = UNLIMITED if all_need is None else limit_of(all_need)
     for key, resources in waiters:
+        if key in done:
+            continue
         if all_need is not None and counts.get(all_need, 0) >= full_at:
             break
         if any(is_private(r) and counts.get(r, 0) >= limit_of(r) for r in resources):
@@ -87,10 +129,14 @@ def plan_grants(
                 counts[r] = counts.get(r, 0) + 1
             granted.append(key)
         else:
+            claims.append(resources)
             for r in resources:
                 if not is_private(r):
                     counts[r] = counts.get(r, 0) + 1
-    return granted
+    stale = any(
+        is_private(r) and counts.get(r, 0) >= limit_of(r) for res in claims for r in res
+    )
+    return granted, stale and bool(granted)
 
 
 def estimate_wait_s(position: int, capacity: int, mean_hold_s: float) -> float:

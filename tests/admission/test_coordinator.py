@@ -8,7 +8,8 @@ from collections.abc import Awaitable
 import pytest
 
 from pool import BusyError, MisuseError, PoolClosedError
-from pool.admission import CONSUMER_PREFIX, Coordinator, Lease, open_coordinator
+from pool.admission import CONSUMER_PREFIX, Coordinator, Lease, open_coordinator, plan_grants
+from pool.admission._rule import limit_lookup
 
 from .conftest import Opener
 from .helpers import GLOBAL, queue, settle, until_async
@@ -260,6 +261,42 @@ async def test_wait_ticket_reports_position_and_estimate(coord: Coordinator) -> 
         task.cancel()
     await asyncio.gather(first, second, return_exceptions=True)
     await coord.release(holder)
+
+
+def test_a_place_its_consumer_cannot_use_is_given_up_in_the_same_pass() -> None:
+    """plan_grants: W1 holds a place (its Space is full), a later grant fills W1's
+    consumer; W1's global place goes to W4 instead of staying idle (property 5)."""
+    limits = {GLOBAL: 4, A: 1, B: 5, CONSUMER_PREFIX: 1}
+    held = {GLOBAL: 2, A: 1, B: 1, CONSUMER_PREFIX + "x": 1, CONSUMER_PREFIX + "y": 1}
+    waiters = [
+        ("w1", (GLOBAL, A, CONSUMER_PREFIX + "c")),
+        ("w3", (GLOBAL, B, CONSUMER_PREFIX + "c")),
+        ("w4", (GLOBAL, B, CONSUMER_PREFIX + "d")),
+    ]
+    limit_of = limit_lookup(limits)
+    assert plan_grants(iter(waiters), held, limit_of) == ["w3", "w4"]
+    assert plan_grants(iter(waiters), held, limit_of, all_need=GLOBAL) == ["w3", "w4"]
+
+
+async def test_a_waiter_whose_consumer_fills_up_gives_its_place_away(coord: Coordinator) -> None:
+    """Every store: a pass that fills a place-holding waiter's consumer hands that
+    waiter's global place on at once, not after a timeout."""
+    cx, cy, cc, cd = (CONSUMER_PREFIX + n for n in "xycd")
+    await coord.set_limits({GLOBAL: 2, A: 1, B: 5, CONSUMER_PREFIX: 1})
+    held = [await coord.acquire(r, timeout=1) for r in ([GLOBAL, A, cx], [GLOBAL, B, cy])]
+    w1, _ = await queue(coord, [GLOBAL, A, cc])
+    w3, _ = await queue(coord, [GLOBAL, B, cc])
+    w4, _ = await queue(coord, [GLOBAL, B, cd])
+    await coord.set_limits({GLOBAL: 4})  # one pass over W1, W3, W4, in this process
+    await settle()
+    assert w3.done() and w4.done(), "W4 was granted by the same pass, not a later poll"
+    leases = [w3.result(), w4.result()]
+    assert not w1.done()
+    assert (await coord.snapshot()).held[GLOBAL] == 4
+    w1.cancel()
+    await asyncio.gather(w1, return_exceptions=True)
+    for lease in [*held, *leases]:
+        await coord.release(lease)
 
 
 async def test_shared_secret_is_32_stable_bytes(coord: Coordinator) -> None:

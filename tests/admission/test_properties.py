@@ -67,17 +67,23 @@ class Model:
         return Counter(r for res in self.held.values() for r in res)
 
     def grant(self) -> set[int]:
-        counts, granted = self.counts(), set[int]()
-        for rid, res in list(self.queue.items()):
-            if consumer_blocked(res, counts):
-                continue
-            if short_of(res, counts):
-                counts.update(r for r in res if not private(r))  # holds its place
-                continue
-            counts.update(res)
-            self.held[rid] = self.queue.pop(rid)
-            granted.add(rid)
-        return granted
+        """The rule's pass, repeated until it grants nothing new (a place held by a
+        waiter whose consumer a later grant filled is given up on the next pass)."""
+        granted = set[int]()
+        while True:
+            counts, new = self.counts(), set[int]()
+            for rid, res in list(self.queue.items()):
+                if consumer_blocked(res, counts):
+                    continue
+                if short_of(res, counts):
+                    counts.update(r for r in res if not private(r))  # holds its place
+                    continue
+                counts.update(res)
+                self.held[rid] = self.queue.pop(rid)
+                new.add(rid)
+            if not new:
+                return granted
+            granted |= new
 
 
 @st.composite
