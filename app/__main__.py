@@ -2,9 +2,12 @@
 
     python -m app [--host 127.0.0.1] [--port 7860]      (PORT in the environment also works)
 
-* ``POOL_SPACES`` unset: two local stand-in Spaces (``devspaces.SpaceFleet(2)``, real
-  Gradio apps; needs the ``test`` extra and the checkout as the working directory)
-  are started first and ``POOL_SPACES`` points at them.
+* ``POOL_SPACES`` unset: three local stand-in Spaces of three kinds (real Gradio apps,
+  :data:`DEMO_SPACES`; needs the ``test`` extra and the checkout as the working
+  directory) are started first and ``POOL_SPACES`` points at them: ``alpha`` echoes
+  text, ``chat`` streams a chat reply token by token (``gr.ChatInterface``), ``pic``
+  exchanges files (``/flip`` an image, ``/report`` a text file). Every one has
+  ``/echo``; a call without ``"space"`` goes to the Spaces that have its endpoint.
 * ``POOL_ADMIN_TOKEN`` unset: a random one is generated and printed once, here — the
   operator's own terminal is the one place a token may be shown.
 * ``POOL_COORDINATOR_URL`` unset: ``memory://`` (this command runs one process).
@@ -26,10 +29,12 @@ from types import FrameType
 
 import uvicorn
 
+DEMO_SPACES = {"alpha": "echo", "chat": "chat", "pic": "image"}  # name -> stand-in kind
+
 
 @contextlib.contextmanager
 def _demo_spaces() -> Iterator[None]:
-    """Start two stand-in Spaces when POOL_SPACES is not set; stop them on the way out."""
+    """Start the demo Spaces when POOL_SPACES is not set; stop them on the way out."""
     if os.environ.get("POOL_SPACES", "").strip():
         yield
         return
@@ -42,9 +47,12 @@ def _demo_spaces() -> Iterator[None]:
             f"({exc}); run from the checkout with the test extra installed, "
             "or set POOL_SPACES"
         ) from exc
-    print("POOL_SPACES is not set: starting 2 local demo Spaces (alpha, beta)...", flush=True)
+    shown = ", ".join(f"{name} ({kind})" for name, kind in DEMO_SPACES.items())
+    print(f"POOL_SPACES is not set: starting local demo Spaces: {shown}...", flush=True)
     # Generous start-up limit: importing gradio takes a while on a busy machine.
-    with SpaceFleet(2, startup_timeout_s=180) as fleet:
+    with SpaceFleet(
+        names=list(DEMO_SPACES), kind=list(DEMO_SPACES.values()), startup_timeout_s=180
+    ) as fleet:
         os.environ["POOL_SPACES"] = fleet.pool_spaces_env()
         print(f"  POOL_SPACES={os.environ['POOL_SPACES']}", flush=True)
         try:
@@ -63,7 +71,7 @@ def _admin_token() -> str | None:
     return token
 
 
-def _banner(url: str, generated_token: str | None) -> str:
+def _banner(url: str, generated_token: str | None, *, demo: bool) -> str:
     api_auth = (
         ' -H "Authorization: Bearer $POOL_API_TOKEN"'
         if os.environ.get("POOL_API_TOKEN", "").strip()
@@ -89,6 +97,20 @@ def _banner(url: str, generated_token: str | None) -> str:
         f"  curl -s {url}/metrics",
         "",
     ]
+    if demo:
+        lines += [
+            "A chat reply streamed as Server-Sent Events (the chat demo Space):",
+            f"  curl -sN -X POST {url}/api/predict{api_auth} \\",
+            "       -H 'Content-Type: application/json' \\",
+            """       -d '{"api_name": "/chat", "args": ["tell me a story"], "stream": true}'""",
+            "A file made by a Space, served back as a URL under the service (pic):",
+            f"  curl -s -X POST {url}/api/predict{api_auth} \\",
+            "       -H 'Content-Type: application/json' \\",
+            """       -d '{"api_name": "/report", "args": ["hello", 3]}'""",
+            f"  curl -s {url}<the answer's result.file.url>{api_auth}",
+            f"Dashboard: {url}/admin    Endpoints of a Space: {url}/api/spaces/pic/api",
+            "",
+        ]
     return "\n".join(lines)
 
 
@@ -104,8 +126,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     os.environ.setdefault("POOL_COORDINATOR_URL", "memory://")
     generated = _admin_token()
     url = f"http://{args.host}:{args.port}"
+    demo = not os.environ.get("POOL_SPACES", "").strip()
     with _demo_spaces():
-        print(_banner(url, generated), flush=True)
+        print(_banner(url, generated, demo=demo), flush=True)
         config = uvicorn.Config(
             "app.main:app",
             host=args.host,

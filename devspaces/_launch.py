@@ -342,6 +342,7 @@ class SpaceFleet:
     """Several stand-in Spaces started together, in parallel (a few seconds for three).
 
     Named alpha, beta, gamma, ... unless ``names`` is given (then ``count`` is ignored).
+    ``kind`` is every Space's stand-in kind, or one kind per Space.
     """
 
     def __init__(
@@ -353,16 +354,20 @@ class SpaceFleet:
         concurrency_limit: int = 64,
         max_size: int | None = None,
         startup_timeout_s: float = 60.0,
-        kind: str = "echo",
+        kind: str | Sequence[str] = "echo",
     ) -> None:
         if names is None and count > len(DEFAULT_NAMES):
             raise ValueError(f"at most {len(DEFAULT_NAMES)} default names; pass names=")
         chosen = list(names) if names is not None else list(DEFAULT_NAMES[:count])
         if len(set(chosen)) != len(chosen):
             raise ValueError(f"duplicate Space names: {chosen}")
+        kinds = [kind] * len(chosen) if isinstance(kind, str) else list(kind)
+        if len(kinds) != len(chosen):
+            raise ValueError(f"{len(kinds)} kinds for {len(chosen)} Spaces")
         self.spaces: list[SpaceProcess] = []
         try:
-            for name in chosen:  # spawn all first, then wait for all: they start in parallel
+            # Spawn all first, then wait for all: they start in parallel.
+            for name, kind_of_space in zip(chosen, kinds, strict=True):
                 self.spaces.append(
                     SpaceProcess(
                         name,
@@ -371,7 +376,7 @@ class SpaceFleet:
                         max_size=max_size,
                         startup_timeout_s=startup_timeout_s,
                         wait=False,
-                        kind=kind,
+                        kind=kind_of_space,
                     )
                 )
             for space in self.spaces:

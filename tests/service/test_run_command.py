@@ -4,6 +4,7 @@ clean stop on Ctrl-C that takes the demo Spaces down too."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -16,6 +17,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from app.__main__ import DEMO_SPACES
 from devspaces import free_port
 
 from .conftest import wait_for
@@ -25,7 +27,8 @@ ROOT = Path(__file__).resolve().parents[2]
 
 @pytest.mark.timeout(300)
 def test_python_m_app_starts_demo_spaces_serves_and_stops_cleanly(tmp_path: Path) -> None:
-    """No POOL_SPACES/POOL_ADMIN_TOKEN: demo Spaces, token shown once, curl works, Ctrl-C stops."""
+    """No POOL_SPACES/POOL_ADMIN_TOKEN: demo Spaces of three kinds, token shown once, the
+    printed examples work (echo, streamed chat, a file URL), Ctrl-C stops."""
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("POOL_")}
     env.update(PYTHONUNBUFFERED="1", NO_PROXY="*")
@@ -61,23 +64,38 @@ def test_python_m_app_starts_demo_spaces_serves_and_stops_cleanly(tmp_path: Path
         assert spaces and token, text
         assert "curl -s -X POST" in text and "/api/predict" in text
 
-        # The printed example, as printed.
-        body = re.search(r"-d '(\{.*\})'", text)
-        assert body, text
-        answer = httpx.post(
-            f"{url}/api/predict",
-            content=body.group(1),
-            headers={"Content-Type": "application/json"},
-            timeout=60,
-        )
+        # The printed examples, as printed: echo, a streamed chat reply, a file.
+        bodies = re.findall(r"-d '(\{.*\})'", text)
+        assert len(bodies) == 3, text
+
+        def post(body: str) -> httpx.Response:
+            return httpx.post(
+                f"{url}/api/predict",
+                content=body,
+                headers={"Content-Type": "application/json"},
+                timeout=60,
+            )
+
+        answer = post(bodies[0])
         assert answer.status_code == 200, answer.text
-        assert answer.json()["result"] in ("alpha:hello", "beta:hello")
+        assert answer.json()["result"] in {f"{name}:hello" for name in DEMO_SPACES}
+        streamed = post(bodies[1])
+        assert streamed.headers["content-type"].startswith("text/event-stream"), streamed.text
+        events = [json.loads(line[5:]) for line in streamed.text.splitlines()
+                  if line.startswith("data:")]  # fmt: skip
+        partials = [e["partial"] for e in events if "partial" in e]
+        assert len(partials) >= 3 and events[-1]["stage"] == "done", events
+        assert events[-1]["result"] == partials[-1] and events[-1]["space"] == "chat"
+        made = post(bodies[2])
+        assert made.status_code == 200, made.text
+        report = httpx.get(url + made.json()["result"]["file"]["url"], timeout=10)
+        assert report.status_code == 200 and report.text == "pic:hello\n" * 3
         stats = httpx.get(
             f"{url}/api/admin/pool-stats",
             headers={"Authorization": f"Bearer {token.group(1)}"},
             timeout=10,
         )
-        assert stats.status_code == 200 and set(stats.json()["pools"]) == {"alpha", "beta"}
+        assert stats.status_code == 200 and set(stats.json()["pools"]) == set(DEMO_SPACES)
 
         started = time.monotonic()
         proc.send_signal(signal.SIGINT)
