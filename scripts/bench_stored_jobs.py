@@ -1,13 +1,14 @@
 """Admission cycle with 0 vs 10,000 stored jobs, per store (issue 13's row).
 
-    .venv/bin/python scripts/bench_stored_jobs.py [--jobs 10000] [--rounds 12]
-                                                  [--cycles 300] [--redis URL]
+    .venv/bin/python scripts/bench_stored_jobs.py [--jobs 10000] [--workers 8] [--rounds 30]
+                                                  [--cycles 200] [--shared-redis --redis URL]
 
 For each store (memory, sqlite, redis) two coordinators run side by side in this
-process, each on a store of its own (its own SQLite file, its own Redis key prefix):
+process, each on a store of its own (its own SQLite file; its own ``redis-server``,
+which the script starts on loopback, so that one side's load cannot stall the other):
 one holds no job, the other ``--jobs`` job mirrors (``job:<id>``, the JSON the
-service writes, ~0.6 kB each). Both have the same background load that a service
-worker puts on its store while it runs jobs:
+service writes, ~0.6 kB each). Both have the same background load that ``--workers``
+(8) service workers put on their shared store while they run jobs, each:
 
 * the cancel poller reads the ``jobcancel:`` values every 0.2 s;
 * the running job's mirror is written 4 times a second;
@@ -18,7 +19,9 @@ The measured cycle is one task's uncontended ``acquire`` + ``release`` of exactl
 what ``Pool.client`` asks for (``backend:global`` + ``space:<name>`` +
 ``consumer:<hash>``). Rounds alternate the two coordinators (which goes first
 rotates); the figures are the median and p95 of the per-cycle latency over all
-rounds, and the ratio with jobs / without (goal ≤ 1.1×).
+rounds, and the ratio with jobs / without: per round the ratio of the two medians,
+then the median (min–max) of those (goal ≤ 1.1×); and the same for the means, which
+show the stalls that a median skips.
 
 ``--baseline`` runs the same load on a checkout from before the admission/values
 split (its coordinator kept values itself: ``put_value``/``values``), to show what the
@@ -33,11 +36,14 @@ import asyncio
 import contextlib
 import json
 import os
+import shutil
+import socket
 import statistics
+import subprocess
 import tempfile
 import time
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -126,14 +132,52 @@ async def cycles(coord: Coordinator, n: int) -> list[float]:
     return out
 
 
-def store_urls(kind: str, folder: str, redis_url: str) -> list[str]:
+@contextlib.contextmanager
+def redis_servers(args: argparse.Namespace) -> Iterator[list[str]]:
+    """Two Redis servers of our own on loopback, one per side: a script that reads
+    10,000 values stalls its whole server, so a shared one would slow both sides alike
+    and hide the cost. Without ``redis-server`` on PATH: ``--redis``, shared."""
+    binary = shutil.which("redis-server")
+    if binary is None or args.shared_redis:
+        tag = uuid.uuid4().hex[:8]
+        sep = "&" if "?" in args.redis else "?"
+        yield [f"{args.redis}{sep}prefix=bench-{tag}-{side}:" for side in ("empty", "jobs")]
+        return
+    procs, urls = [], []
+    try:
+        for _ in range(2):
+            with socket.socket() as probe:
+                probe.bind(("127.0.0.1", 0))
+                port = probe.getsockname()[1]
+            procs.append(subprocess.Popen(
+                [binary, "--bind", "127.0.0.1", "--port", str(port), "--save", "",
+                 "--appendonly", "no"],
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            ))
+            urls.append(f"redis://127.0.0.1:{port}/0")
+        deadline = time.monotonic() + 10
+        while not all(redis_reachable(url) for url in urls):
+            if time.monotonic() > deadline:
+                raise RuntimeError("the bench's redis-server did not start")
+            time.sleep(0.05)
+        yield urls
+    finally:
+        for proc in procs:
+            proc.terminate()
+            proc.wait(timeout=10)
+
+
+@contextlib.contextmanager
+def store_urls(kind: str, folder: str, args: argparse.Namespace) -> Iterator[list[str]]:
     if kind == "memory":
-        return ["memory://", "memory://"]
-    if kind == "sqlite":
-        return [f"sqlite:///{folder}/empty.db", f"sqlite:///{folder}/jobs.db"]
-    tag = uuid.uuid4().hex[:8]
-    sep = "&" if "?" in redis_url else "?"
-    return [f"{redis_url}{sep}prefix=bench-{tag}-{side}:" for side in ("empty", "jobs")]
+        yield ["memory://", "memory://"]
+    elif kind == "sqlite":
+        yield [f"sqlite:///{folder}/empty.db", f"sqlite:///{folder}/jobs.db"]
+    else:
+        with redis_servers(args) as urls:
+            yield urls
+            if "prefix=" in urls[0]:
+                cleanup_redis(urls, args.redis)
 
 
 async def measure(kind: str, url_pair: list[str], args: argparse.Namespace) -> dict[str, Any]:
@@ -147,19 +191,30 @@ async def measure(kind: str, url_pair: list[str], args: argparse.Namespace) -> d
         loaded = time.perf_counter()
         await fill(values[1], args.jobs)
         loaded = time.perf_counter() - loaded
-        tasks = [asyncio.create_task(background(v, stop)) for v in values]
+        tasks = [
+            asyncio.create_task(background(v, stop)) for v in values for _ in range(args.workers)
+        ]
         for coord in coords:
             await cycles(coord, 50)  # warm up: scripts loaded, files open
         samples: list[list[float]] = [[], []]
+        ratios: list[float] = []  # per round: median with jobs / median without
+        mean_ratios: list[float] = []  # per round: the same of the means (stalls show)
         for r in range(args.rounds):
             order = [0, 1] if r % 2 == 0 else [1, 0]
+            got: list[list[float]] = [[], []]
             for side in order:
-                samples[side].extend(await cycles(coords[side], args.cycles))
+                got[side] = await cycles(coords[side], args.cycles)
+                samples[side].extend(got[side])
+            ratios.append(statistics.median(got[1]) / statistics.median(got[0]))
+            mean_ratios.append(statistics.fmean(got[1]) / statistics.fmean(got[0]))
         return {
             "store": kind,
             "fill_s": loaded,
             "empty": summary(samples[0]),
             "jobs": summary(samples[1]),
+            "ratio": statistics.median(ratios),
+            "ratio_range": (min(ratios), max(ratios)),
+            "mean_ratio": statistics.median(mean_ratios),
         }
     finally:
         stop.set()
@@ -193,39 +248,41 @@ def cleanup_redis(url_pair: list[str], base: str) -> None:
 
 
 async def main(args: argparse.Namespace) -> list[dict[str, Any]]:
-    print(f"admission cycle, 0 vs {args.jobs} stored jobs; {args.rounds} rounds x "
-          f"{args.cycles} cycles per side{' (baseline API)' if args.baseline else ''}")
+    print(f"admission cycle, 0 vs {args.jobs} stored jobs, {args.workers} workers' value "
+          f"traffic; {args.rounds} rounds x {args.cycles} cycles per side"
+          f"{' (baseline API)' if args.baseline else ''}")
     print(f"{'store':8} {'0 jobs p50':>11} {'p95':>8} {'jobs p50':>10} {'p95':>8} "
-          f"{'ratio p50':>10} {'ratio mean':>11}")
+          f"{'ratio of p50s (min-max)':>24} {'of means':>9}")
     rows = []
     with tempfile.TemporaryDirectory(prefix="bench-jobs-") as folder:
         for kind in args.stores:
-            if kind == "redis" and not redis_reachable(args.redis):
-                print(f"{kind:8} not measured: no Redis at {args.redis}")
+            if kind == "redis" and not shutil.which("redis-server") \
+                    and not redis_reachable(args.redis):
+                print(f"{kind:8} not measured: no redis-server, no Redis at {args.redis}")
                 continue
-            pair = store_urls(kind, folder, args.redis)
-            try:
+            with store_urls(kind, folder, args) as pair:
                 row = await measure(kind, pair, args)
-            finally:
-                if kind == "redis":
-                    cleanup_redis(pair, args.redis)
             rows.append(row)
             e, j = row["empty"], row["jobs"]
             print(f"{kind:8} {e['median_us']:9.0f}us {e['p95_us']:6.0f}us "
                   f"{j['median_us']:8.0f}us {j['p95_us']:6.0f}us "
-                  f"{j['median_us'] / e['median_us']:9.2f}x "
-                  f"{j['mean_us'] / e['mean_us']:10.2f}x")
+                  f"{row['ratio']:9.2f}x ({row['ratio_range'][0]:.2f}-"
+                  f"{row['ratio_range'][1]:.2f}) {row['mean_ratio']:8.2f}x")
     return rows
 
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--jobs", type=int, default=10_000)
-    parser.add_argument("--rounds", type=int, default=12)
-    parser.add_argument("--cycles", type=int, default=300)
+    parser.add_argument("--rounds", type=int, default=30)
+    parser.add_argument("--cycles", type=int, default=200)
+    parser.add_argument("--workers", type=int, default=8,
+                        help="service workers whose background load is simulated")
     parser.add_argument("--stores", nargs="+", default=["memory", "sqlite", "redis"])
     parser.add_argument("--redis", default=os.environ.get("SPACEPOOL_BENCH_REDIS",
                                                           "redis://127.0.0.1:6379/15"))
+    parser.add_argument("--shared-redis", action="store_true",
+                        help="both sides on --redis (two prefixes) instead of two servers")
     parser.add_argument("--baseline", action="store_true",
                         help="the coordinator of a checkout from before the split")
     parser.add_argument("--json", help="also write the rows to this file")
