@@ -707,9 +707,10 @@ class Pool:
 
     async def _answers(self, sp: SpacePool) -> bool:
         """Whether a booting Space serves now: its app_id route, or the Hub's stage."""
-        if sp.probe_url is not None and self._http is not None:
-            return await http_probe(self._http, sp.probe_url)
-        return await self.waker.stage(sp.spec, fresh=True) == "RUNNING"
+        async with self.clock.timeout(None):  # real I/O, bounded by httpx / the Hub call
+            if sp.probe_url is not None and self._http is not None:
+                return await http_probe(self._http, sp.probe_url)
+            return await self.waker.stage(sp.spec, fresh=True) == "RUNNING"
 
     async def _pick(
         self,
