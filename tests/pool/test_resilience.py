@@ -7,7 +7,6 @@ the Spaces and the calls to them are real and take real time, the waits between 
 from __future__ import annotations
 
 import asyncio
-import threading
 import time
 from collections.abc import Callable
 
@@ -165,20 +164,6 @@ def _sleeping_space(name: str) -> tuple[str, int]:
 
 
 def boot_on_wake(
-    name: str, port: int, delay_s: float, booted: list[SpaceProcess]
-) -> Callable[[str], None]:
-    """An ``on_wake`` for FakeSpaceControl: start the stand-in ``delay_s`` after the wake."""
-
-    def boot_later(_name: str) -> None:
-        start = lambda: booted.append(SpaceProcess(name, port=port, wait=False))  # noqa: E731
-        timer = threading.Timer(delay_s, start)
-        timer.daemon = True
-        timer.start()
-
-    return boot_later
-
-
-def boot_on_virtual_wake(
     name: str,
     port: int,
     delay_s: float,
@@ -220,7 +205,7 @@ async def test_sleeping_space_is_woken_and_used_within_its_wake_deadline(
     boots: list[asyncio.Task[None]] = []
     control = FakeSpaceControl(
         {"sleepy": "SLEEPING"},
-        on_wake=boot_on_virtual_wake("sleepy", port, 20.0, clock, started_space, boots),
+        on_wake=boot_on_wake("sleepy", port, 20.0, clock, started_space, boots),
     )
     settings = PoolSettings(
         spaces=f"{entry},{clean_fleet.pool_spaces_env()}",
@@ -257,6 +242,8 @@ async def test_sleeping_space_is_woken_and_used_within_its_wake_deadline(
         stop.set()
         await watcher
         await pool.aclose()
+        for boot in boots:
+            boot.cancel()
         await asyncio.gather(*boots, return_exceptions=True)
         for space in started_space:
             space.stop()
