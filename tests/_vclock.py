@@ -17,15 +17,21 @@ jumps, and a jump always lands on the wake-up time of the earliest pending ``sle
   sleepers in order of wake-up on the way (a test passing a cool-down on purpose).
 
 A *hold* is in place while any ``timeout()`` block of this clock is open — the pool
-bounds its real I/O that way (a predict, a connect, a release to the store) — and while
-a test's ``with clock.hold():`` block is open. While held, virtual time runs at real
-speed only, so a real call can never appear to take less than it did, nor have its
-deadline skipped past while it is in flight. Sleeps with nothing real going on —
-backoffs, wake polling, upkeep ticks — pass at once.
+puts every wait of the request path on a Space inside one (a predict, a connect, the
+probe of a waking Space, a release; ``timeout(None)`` when unbounded, see
+``pool/_clock.py``) — and while a test's ``with clock.hold():`` block is open. While
+held, virtual time runs at real speed only, so a real call can never appear to take
+less than it did, nor have its deadline skipped past while it is in flight. Sleeps
+with nothing real going on — backoffs, wake polling, upkeep ticks — pass at once.
 
 ``timeout()`` is on the same time line as ``sleep()``: it is ``asyncio.timeout`` whose
 expiry moves earlier by every jump (only ``advance`` can jump while one is open), so a
 5 s sleep and a 5 s timeout started together end together.
+
+Limits: waits outside any hold — admission in the store, the upkeep's background I/O
+(health probes, connections opened to top up), a test's own real ``asyncio.sleep`` —
+may see the clock jump to the next sleeper meanwhile; so may real work a test does
+without ``hold()``. Only sleepers are affected (they wake earlier in real time).
 
 Deterministic: jumps only ever land on a sleeper's own wake-up time, earliest first
 (ties in the order the sleeps began), so the order in which the pool's sleepers wake
