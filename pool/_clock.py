@@ -5,8 +5,21 @@ seconds, the only clock several hosts share (the health board's records); ``slee
 and ``timeout`` wait on the same time line as ``now()``. :class:`Clock` is real time;
 tests inject a virtual one so that cool-downs and wake deadlines pass without waiting.
 
-Not on this clock, on purpose: admission leases (their store's TTL runs on real time,
-so a lease's local expiry must too) and waits for OS threads to end.
+A wait of the request path on a Space (routing, a connect, a call, fetching its files)
+or on a release is always inside ``timeout`` — ``timeout(None)`` when it has no bound —
+so a virtual clock can tell real work in flight (which it must not skip over) from
+idle sleeps.
+
+Not on this clock, on purpose — each is a wait for something outside the pool's time
+line, which a virtual clock must not cut short:
+
+* admission (``pool/admission``): leases, their renewals and the stores' TTLs run on
+  real time (the store's TTL does, so a lease's local expiry must too);
+* waits for OS threads: :func:`pool._threads.wait_ended`, a closing connection's wait
+  for its job cancels and threads, a returned connection's wait for gradio_client's
+  thread to close its result stream (``SpacePool._settle``), and the cancel that
+  waits, in a worker thread, for the Space to name a job (``_quiet_cancel``);
+* timeouts inside I/O libraries (httpx's connect/read timeouts).
 """
 
 from __future__ import annotations

@@ -167,7 +167,7 @@ class Pool:
         # start on first use), so that aclose() can end its threads.
         self._executor = ThreadPoolExecutor(16, thread_name_prefix="spacepool-io")
         self._control: SpaceControl = space_control or HubSpaceControl(
-            token, executor=self._executor
+            token, executor=self._executor, clock=self.clock
         )
         self.retry_policy = RetryPolicy(s.retry_attempts, s.retry_backoff_s, s.retry_backoff_max_s)
         self.resource_cap = resource_cap()
@@ -302,7 +302,9 @@ class Pool:
             cut_opening()
         await asyncio.gather(*(sp.aclose() for sp in self.spaces.values()))
         if self._detached:  # releases still on their way to the store
-            await asyncio.wait(self._detached, timeout=_CLOSE_WAIT_S)
+            with contextlib.suppress(TimeoutError):
+                async with self.clock.timeout(_CLOSE_WAIT_S):
+                    await asyncio.wait(self._detached)
         with contextlib.suppress(Exception):
             await self._stats.withdraw()
         if self._http is not None:
@@ -668,9 +670,13 @@ class Pool:
         return lease, conn
 
     async def _within(self, by: float | None, what: str, step: Awaitable[_T]) -> _T:
-        """``step`` within the request's deadline ``by``: :class:`DeadlineExceeded`."""
+        """``step`` within the request's deadline ``by``: :class:`DeadlineExceeded`.
+
+        Without a deadline it still runs inside ``clock.timeout(None)`` (no bound): a
+        step may wait on real I/O (connecting), and a virtual clock must know that."""
         if by is None:
-            return await step
+            async with self.clock.timeout(None):
+                return await step
         try:
             async with self.clock.timeout(by - self.clock.now()):
                 return await step
@@ -701,9 +707,10 @@ class Pool:
 
     async def _answers(self, sp: SpacePool) -> bool:
         """Whether a booting Space serves now: its app_id route, or the Hub's stage."""
-        if sp.probe_url is not None and self._http is not None:
-            return await http_probe(self._http, sp.probe_url)
-        return await self.waker.stage(sp.spec, fresh=True) == "RUNNING"
+        async with self.clock.timeout(None):  # real I/O, bounded by httpx / the Hub call
+            if sp.probe_url is not None and self._http is not None:
+                return await http_probe(self._http, sp.probe_url)
+            return await self.waker.stage(sp.spec, fresh=True) == "RUNNING"
 
     async def _pick(
         self,

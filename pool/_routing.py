@@ -12,11 +12,11 @@ from __future__ import annotations
 import hashlib
 import hmac
 import itertools
-import time
 from collections.abc import Callable, Sequence
 
 from cachetools import TTLCache
 
+from ._clock import SYSTEM_CLOCK
 from ._exceptions import NoHealthySpaceError
 
 
@@ -34,7 +34,7 @@ class Router:
         *,
         ttl_s: float,
         max_users: int = 100_000,
-        clock: Callable[[], float] = time.monotonic,
+        clock: Callable[[], float] = SYSTEM_CLOCK.now,
     ) -> None:
         self._pins: TTLCache[str, str] = TTLCache(maxsize=max_users, ttl=ttl_s, timer=clock)
         self._rr = itertools.count()

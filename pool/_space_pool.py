@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections import deque
 from concurrent.futures import Executor
 from typing import Any
@@ -31,7 +32,10 @@ from ._spaces import SpaceSpec
 from ._threads import wait_ended
 from .resilience import RetryPolicy
 
+# A returned connection whose result stream is still closing (in gradio_client's thread)
+# waits this long for it, in real time: the wait is for a thread, not on the pool's clock.
 _SETTLE_S = 2.0
+_SETTLE_POLL_S = 0.02
 # How long closing a connection waits for its job cancels, then for its Client's
 # threads (they end within milliseconds once its connections are cut; only a thread
 # still connecting, or resolving a host name, can take longer).
@@ -158,10 +162,10 @@ class SpacePool:
         self._deliver(conn)
 
     async def _settle(self, conn: Connection) -> None:
-        deadline = self._clock.now() + _SETTLE_S
+        deadline = time.monotonic() + _SETTLE_S
         try:
-            while getattr(conn.client, "stream_open", False) and self._clock.now() < deadline:
-                await self._clock.sleep(0.02)
+            while getattr(conn.client, "stream_open", False) and time.monotonic() < deadline:
+                await asyncio.sleep(_SETTLE_POLL_S)
         finally:
             self._settling -= 1
         if getattr(conn.client, "stream_open", False) or self._closed:

@@ -21,6 +21,7 @@ from typing import Protocol, TypeVar
 
 import httpx
 
+from .._clock import SYSTEM_CLOCK, Clock
 from .._spaces import SpaceSpec
 
 # Booting: wait for it (within the wake deadline) instead of failing over.
@@ -61,10 +62,16 @@ class HubSpaceControl:
     """:class:`SpaceControl` over ``huggingface_hub.HfApi`` (blocking calls in threads)."""
 
     def __init__(
-        self, token: str | None, *, timeout_s: float = 10.0, executor: Executor | None = None
+        self,
+        token: str | None,
+        *,
+        timeout_s: float = 10.0,
+        executor: Executor | None = None,
+        clock: Clock = SYSTEM_CLOCK,
     ) -> None:
         self._token = token
         self._timeout_s = timeout_s
+        self._clock = clock
         # The pool passes its own executor, so that no call leaves a thread in the
         # loop's default executor (None) once the pool is closed.
         self._executor = executor
@@ -83,7 +90,8 @@ class HubSpaceControl:
     async def _blocking(self, call: Callable[[], T]) -> T:
         """``call()`` in the executor, within the timeout."""
         future = asyncio.get_running_loop().run_in_executor(self._executor, call)
-        return await asyncio.wait_for(future, self._timeout_s)
+        async with self._clock.timeout(self._timeout_s):
+            return await future
 
     async def stage(self, spec: SpaceSpec) -> str | None:
         repo = _repo_id(spec)

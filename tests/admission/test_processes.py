@@ -49,6 +49,9 @@ def workers() -> Iterator[list[subprocess.Popen[str]]]:
         if proc.poll() is None:
             proc.kill()
         proc.wait()
+        for pipe in (proc.stdin, proc.stdout):
+            if pipe is not None:
+                pipe.close()
 
 
 def peak_holders(intervals: list[tuple[list[str], int, int]]) -> dict[str, int]:

@@ -63,6 +63,8 @@ def procs() -> Iterator[Procs]:
             proc.send_signal(signal.SIGCONT)  # a frozen child cannot die cleanly
             proc.kill()
         proc.wait()
+        if proc.stdout is not None:
+            proc.stdout.close()
 
 
 async def read_line(proc: subprocess.Popen[str], timeout_s: float) -> str:

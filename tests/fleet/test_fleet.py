@@ -169,6 +169,9 @@ def test_uvicorn_workers_share_the_default_coordinator(
             server.wait(timeout=15)
         except subprocess.TimeoutExpired:
             server.kill()
+            server.wait(timeout=15)
+        if server.stderr is not None:
+            server.stderr.close()
 
 
 async def test_pool_stats_cover_the_whole_fleet(fleet3: SpaceFleet, tmp_path: Path) -> None:

@@ -18,6 +18,7 @@ from pool._errors import classify, classify_connect
 from pool._failures import FAILURES, failure
 from pool.admission import Lease, MemoryCoordinator
 from pool.resilience import RetryPolicy
+from tests._vclock import VirtualClock
 from tests.pool.test_core import wait_until
 
 _REQUEST = httpx.Request("GET", "http://127.0.0.1/")
@@ -138,15 +139,18 @@ async def test_a_space_killed_between_calls_is_failed_over_and_counted_once(
 
 
 class _SlowRelease(MemoryCoordinator):
-    """A store whose releases take a while (a slow network to Redis, say)."""
+    """A store whose releases take ``seconds`` on ``clock`` (a slow network to Redis, say)."""
 
-    def __init__(self, seconds: float) -> None:
+    def __init__(self, seconds: float, clock: VirtualClock) -> None:
         super().__init__()
         self.seconds = seconds
+        self.clock = clock
+        self.releasing = asyncio.Event()  # a release has begun
         self.released = 0
 
     async def release(self, lease: Lease) -> None:
-        await asyncio.sleep(self.seconds)
+        self.releasing.set()
+        await self.clock.sleep(self.seconds)
         await super().release(lease)
         self.released += 1
 
@@ -159,10 +163,12 @@ def echo_space(clean_fleet: SpaceFleet) -> SpaceProcess:
 async def test_a_second_cancel_cannot_cut_the_release_short(echo_space: SpaceProcess) -> None:
     """Cancelled twice while its lease is being released, a request still returns its
     connection, releases its slot, reports the end and records its outcome."""
-    store = _SlowRelease(0.5)
+    clock = VirtualClock()
+    store = _SlowRelease(5.0, clock)
     pool = Pool(
         PoolSettings(spaces=f"solo={echo_space.url}", min_connections=1),
         coordinator=store,
+        clock=clock,
     )
     events: list[PoolEvent] = []
     pool.hooks.append(events.append)
@@ -178,7 +184,8 @@ async def test_a_second_cancel_cannot_cut_the_release_short(echo_space: SpacePro
         task = asyncio.create_task(caller())
         await entered.wait()
         task.cancel()
-        await asyncio.sleep(0.1)  # now inside the release
+        await store.releasing.wait()  # now inside the release
+        assert store.released == 0
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
@@ -193,21 +200,24 @@ async def test_a_second_cancel_cannot_cut_the_release_short(echo_space: SpacePro
 async def test_a_slow_release_does_not_hold_the_caller_past_its_deadline(
     echo_space: SpaceProcess,
 ) -> None:
-    """The result is back by the deadline; the release finishes on its own after."""
-    store = _SlowRelease(2.0)
+    """The result is back by the deadline; the release (20 s) finishes on its own after."""
+    clock = VirtualClock()
+    store = _SlowRelease(0.0, clock)
     pool = Pool(
         PoolSettings(spaces=f"solo={echo_space.url}", min_connections=1),
         coordinator=store,
+        clock=clock,
     )
     try:
         await pool.predict("/echo", "warm", 0, timeout=5)  # connect, outside the timing
-        loop = asyncio.get_running_loop()
-        started = loop.time()
+        store.seconds = 20.0
+        started = clock.now()
         done = await pool.predict("/echo", "x", 0, timeout=1.0)
-        took = loop.time() - started
+        took = clock.now() - started
         assert done.result == "alpha:x"
-        assert took < 1.9, f"held {took:.2f}s by a 2 s release"
+        assert took < 1.9, f"held {took:.2f}s by a 20 s release"
         assert store.released == 1  # the warm-up's; this one's is still on its way
         await wait_until(lambda: store.released == 2, timeout_s=4)
+        assert clock.now() - started >= 20.0
     finally:
         await pool.aclose()

@@ -11,19 +11,10 @@ import sys
 import textwrap
 
 from devspaces import SpaceFleet
-from pool import Clock, NoHealthySpaceError, Pool, PoolError, PoolSettings
+from pool import NoHealthySpaceError, Pool, PoolError, PoolSettings
+from tests._vclock import VirtualClock
 from tests.conftest import PoolMaker
 from tests.pool.test_core import wait_until
-
-
-class FakeClock(Clock):
-    """A monotonic clock the test moves by hand (``at``); real wall time and sleeps."""
-
-    def __init__(self) -> None:
-        self.at = 1000.0
-
-    def now(self) -> float:
-        return self.at
 
 
 async def _space_for(pool: Pool, email: str | None) -> str:
@@ -36,15 +27,18 @@ async def test_users_stick_until_ttl_and_new_users_alternate(
     clean_fleet: SpaceFleet, make_pool: PoolMaker
 ) -> None:
     """Same email → same Space until the 1 h TTL passes; new users alternate."""
-    clock = FakeClock()
+    clock = VirtualClock(autojump=False)  # only the test moves time past real time
     pool = make_pool(clean_fleet, clock=clock, assignment_ttl_s=3600)
-    firsts = [await _space_for(pool, f"new{i}@example.com") for i in range(4)]
+    made_after = clock.now()
+    firsts = [await _space_for(pool, "new0@example.com")]
+    pinned_by = clock.now()  # new0's pin was made between these two
+    firsts += [await _space_for(pool, f"new{i}@example.com") for i in range(1, 4)]
     assert firsts in (["alpha", "beta"] * 2, ["beta", "alpha"] * 2)
     for _ in range(3):
         assert await _space_for(pool, "new0@example.com") == firsts[0]
-    clock.at += 3599
+    await clock.advance(made_after + 3599 - clock.now())  # 1 s (at least) before the TTL
     assert await _space_for(pool, "new0@example.com") == firsts[0]
-    clock.at += 2
+    await clock.advance(pinned_by + 3601 - clock.now())  # 1 s (at least) after it
     assert pool.router.pinned(pool.hash_user("new0@example.com") or "") is None
     assert await _space_for(pool, "someone-else@example.com") == firsts[0]
     assert await _space_for(pool, "new0@example.com") == firsts[1]

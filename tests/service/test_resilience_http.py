@@ -11,6 +11,7 @@ import httpx
 from devspaces import SpaceFleet, SpaceProcess, free_port
 from pool import Pool, PoolSettings, set_pool
 from pool.resilience import FakeSpaceControl
+from tests._vclock import VirtualClock
 from tests.pool.test_resilience import boot_on_wake
 from tests.service.conftest import ServiceFactory, admin_headers, eventually, wait_for
 
@@ -78,13 +79,16 @@ async def test_guard_refuses_secrets_with_a_reason_and_no_trace(
 
 async def test_job_on_a_sleeping_space_shows_waking_then_runs(spaces: SpaceFleet) -> None:
     """A job for a sleeping Space reports stage ``waking`` (naming the Space) while it
-    boots, then ``running`` and ``done`` on that Space."""
+    boots (4 s on a virtual clock, then the real boot), then ``running`` and ``done`` on
+    that Space."""
     from app.main import create_app
 
+    clock = VirtualClock()
     port = free_port()
     booted: list[SpaceProcess] = []
+    boots: list[asyncio.Task[None]] = []
     control = FakeSpaceControl(
-        {"sleepy": "SLEEPING"}, on_wake=boot_on_wake("sleepy", port, 4.0, booted)
+        {"sleepy": "SLEEPING"}, on_wake=boot_on_wake("sleepy", port, 4.0, clock, booted, boots)
     )
     settings = PoolSettings(
         spaces=f"sleepy=http://127.0.0.1:{port}/,{spaces.pool_spaces_env()}",
@@ -93,7 +97,7 @@ async def test_job_on_a_sleeping_space_shows_waking_then_runs(spaces: SpaceFleet
         wake_poll_s=0.25,
         min_connections=1,
     )
-    set_pool(Pool(settings, space_control=control))
+    set_pool(Pool(settings, space_control=control, clock=clock))
     app = create_app()
     stages: list[dict[str, Any]] = []
     try:
@@ -115,6 +119,9 @@ async def test_job_on_a_sleeping_space_shows_waking_then_runs(spaces: SpaceFleet
                 await eventually(finished, 60, "the job finished", every_s=0.1)
     finally:
         set_pool(None)
+        for boot in boots:
+            boot.cancel()
+        await asyncio.gather(*boots, return_exceptions=True)
         for space in booted:
             space.stop()
         await asyncio.sleep(0)

@@ -105,7 +105,8 @@ def test_python_m_app_starts_demo_spaces_serves_and_stops_cleanly(tmp_path: Path
         if proc.poll() is None:
             proc.kill()
             proc.wait(timeout=10)
-    reader.join(timeout=10)
+        reader.join(timeout=10)  # the child is gone: the pipe is at its end
+        stdout.close()
     text = "".join(output)
     assert text.count(token.group(1)) == 1, "the admin token must be printed exactly once"
     assert "Application shutdown complete" in text
