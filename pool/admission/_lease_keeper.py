@@ -111,12 +111,12 @@ class SharedStore(Protocol):
     """One fleet-wide store; every mutating call is atomic and runs a grant pass."""
 
     name: str
+    poll_interval_s: float
 
     @property
     def values(self) -> SharedValues:
         """The same store's shared values (raising :class:`StoreUnavailable`)."""
         ...
-    poll_interval_s: float
 
     def attach(self, local: LocalEntries) -> None: ...
 
