@@ -411,7 +411,7 @@ class _SQLiteStore:
             os.makedirs(os.path.dirname(self.path) or "/", exist_ok=True)
             conn = sqlite3.connect(self.path, timeout=self._busy_timeout_s, isolation_level=None)
             try:
-                conn.execute("PRAGMA journal_mode=WAL")
+                _use_wal(conn, self._busy_timeout_s)
                 conn.execute("PRAGMA synchronous=NORMAL")
                 _write(conn, _create_schema)
             except BaseException:
@@ -682,6 +682,24 @@ def _write(conn: sqlite3.Connection, body: Callable[[sqlite3.Connection, float],
             conn.execute("ROLLBACK")
         raise
     return result
+
+
+def _use_wal(conn: sqlite3.Connection, within_s: float) -> None:
+    """Switch to WAL (the mode persists in the file). The switch reads the file under
+    a shared lock, then needs an exclusive one; when another process holds a write
+    lock meanwhile, SQLite answers "database is locked" at once rather than call its
+    busy handler (it would deadlock: sqlite3_busy_handler's documentation). Seen: 1
+    start in 100 with four processes opening a new file together. So the switch is
+    retried here, on the worker thread, for as long as the busy timeout."""
+    deadline = time.monotonic() + within_s
+    while True:
+        try:
+            conn.execute("PRAGMA journal_mode=WAL")
+            return
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) or time.monotonic() >= deadline:
+                raise
+        time.sleep(0.005)
 
 
 def _identity(path: str) -> tuple[int, int] | None:
