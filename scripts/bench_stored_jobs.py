@@ -48,17 +48,10 @@ from pathlib import Path
 from typing import Any
 
 import redis
+from _bench_cycle import LIMITS, RESOURCES  # the cycle row's lease: what Pool.client asks
 
-from pool.admission import (
-    CONSUMER_PREFIX,
-    GLOBAL_RESOURCE,
-    SPACE_PREFIX,
-    Coordinator,
-    open_coordinator,
-)
+from pool.admission import Coordinator, open_coordinator
 
-RESOURCES = [GLOBAL_RESOURCE, SPACE_PREFIX + "alpha", CONSUMER_PREFIX + "0123abcd"]
-LIMITS = {GLOBAL_RESOURCE: 16, SPACE_PREFIX + "alpha": 50, CONSUMER_PREFIX: 2}
 RETENTION_S = 3600.0
 
 

@@ -193,7 +193,7 @@ class SharedCoordinator:
         self._has_waiters = asyncio.Event()
         self._poll_now = asyncio.Event()
         self._reachable = True
-        self.values: SharedValues = GuardedValues(backend.values, self._unavailable)
+        self.values: SharedValues = GuardedValues(backend.values, self._ask)
         backend.attach(self)
 
     # -- the protocol ----------------------------------------------------------------------

@@ -78,19 +78,17 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 from redis.asyncio import Redis
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
-from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import NoScriptError, ReadOnlyError, ResponseError
-from redis.exceptions import TimeoutError as RedisTimeoutError
+from redis.exceptions import NoScriptError, ResponseError
 
 from ._lease_keeper import LocalEntries, SharedCoordinator, StoreView, Withdrawn
 from ._protocol import AdmissionSnapshot, StoreUnavailable, new_id
+from ._redis_values import UNREACHABLE as _UNREACHABLE
 from ._redis_values import RedisValues
 
 _log = logging.getLogger("pool.admission")
 
 _KEYS = ("meta", "limits", "held", "queue", "waiters", "wexp", "leases", "lexp", "noglobal")
 _OPS_PER_RUN = 32  # operations per script run at most: Redis runs one script at a time
-_UNREACHABLE = (RedisConnectionError, RedisTimeoutError, ReadOnlyError, OSError)
 
 _SCRIPT = r"""
 -- KEYS: meta, limits, held, queue, waiters, wexp, leases, lexp, noglobal (see _redis.py)

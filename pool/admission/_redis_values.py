@@ -27,7 +27,8 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from ._protocol import StoreUnavailable
 from ._values import Update, namespace_of
 
-_UNREACHABLE = (RedisConnectionError, RedisTimeoutError, ReadOnlyError, OSError)
+# What means "Redis did not answer" (fail closed), for this module and the store's.
+UNREACHABLE = (RedisConnectionError, RedisTimeoutError, ReadOnlyError, OSError)
 _CAS_ATTEMPTS = 32
 _PURGE = 256  # expired values dropped per write at most (a scan drops them all)
 # Values calls in flight at once per process. Each takes a connection of the client's
@@ -120,7 +121,7 @@ class RedisValues:
         try:
             async with self._in_flight:
                 reply = await self._script(keys=keys, args=[op, key, *args])
-        except _UNREACHABLE as exc:
+        except UNREACHABLE as exc:
             raise StoreUnavailable(f"redis {self._where}: {exc}") from exc
         return list(reply)
 

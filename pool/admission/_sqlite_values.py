@@ -12,11 +12,10 @@ from __future__ import annotations
 import sqlite3
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+from typing import Any
 
 from ._values import Update, namespace_of
 
-T = TypeVar("T")
 Transact = Callable[[Callable[[sqlite3.Connection, float], Any]], Awaitable[Any]]
 Read = Callable[[Callable[[sqlite3.Connection], Any]], Awaitable[Any]]
 

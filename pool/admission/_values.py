@@ -17,8 +17,9 @@ same store as admission (one URL to configure) but apart from it:
   returns a value past it, and writes purge the namespace's expired values.
 
 A store that cannot be reached raises :class:`~pool.admission._protocol.StoreUnavailable`
-inside; the coordinator hands its values out wrapped (:class:`GuardedValues`) so that
-callers see the same ``BusyError(reason="coordinator_unavailable")`` as admission.
+inside; the coordinator hands its values out wrapped (:class:`GuardedValues`, through
+the same guard as its own calls) so that callers see the same
+``BusyError(reason="coordinator_unavailable")`` as admission.
 """
 
 from __future__ import annotations
@@ -26,9 +27,6 @@ from __future__ import annotations
 import time
 from collections.abc import Awaitable, Callable
 from typing import Protocol, TypeVar
-
-from .._exceptions import BusyError
-from ._protocol import StoreUnavailable
 
 Update = Callable[[str | None], str | None]
 T = TypeVar("T")
@@ -105,20 +103,18 @@ class MemoryValues:
         return new
 
 
+class Guard(Protocol):
+    """Awaits a store call, mapping its unreachability to the coordinator's error."""
+
+    def __call__(self, call: Awaitable[T], /) -> Awaitable[T]: ...
+
+
 class GuardedValues:
-    """A shared store's values, its unreachability mapped to the coordinator's error."""
+    """A shared store's values, each call through the coordinator's ``guard``."""
 
-    def __init__(
-        self, inner: SharedValues, unavailable: Callable[[StoreUnavailable], BusyError]
-    ) -> None:
+    def __init__(self, inner: SharedValues, guard: Guard) -> None:
         self._inner = inner
-        self._unavailable = unavailable
-
-    async def _guard(self, call: Awaitable[T]) -> T:
-        try:
-            return await call
-        except StoreUnavailable as exc:
-            raise self._unavailable(exc) from exc
+        self._guard = guard
 
     async def put(self, key: str, value: str, ttl_s: float) -> None:
         await self._guard(self._inner.put(key, value, ttl_s))
