@@ -21,6 +21,7 @@ from ._exceptions import (
     UpstreamTransportError,
 )
 from ._failures import failure
+from .transport import CallCancelled, ProtocolNotSupported, SessionDropped
 
 
 @dataclass(frozen=True)
@@ -41,7 +42,7 @@ def _transport(
 
 
 def classify(exc: BaseException) -> Classified:
-    """Our error for ``exc`` raised by gradio_client while serving a request."""
+    """Our error for ``exc`` raised by the transport while serving a request."""
     if isinstance(exc, PoolError):
         return Classified(exc, False)
     if isinstance(exc, AppError):
@@ -72,6 +73,12 @@ def classify(exc: BaseException) -> Classified:
         return Classified(UpstreamError(f"the Space answered HTTP {status}"), False)
     if isinstance(exc, httpx.TransportError):
         return _transport("transport", "the connection to the Space failed")
+    if isinstance(exc, SessionDropped):
+        return _transport("dropped", "the Space dropped the job (restarted, killed or cut)")
+    if isinstance(exc, CallCancelled):
+        return Classified(UpstreamError("the Space cancelled the job"), True)
+    if isinstance(exc, ProtocolNotSupported):
+        return _transport("invalid_state", f"the Space speaks an unknown protocol ({exc})")
     if isinstance(exc, concurrent.futures.CancelledError):
         return _transport("dropped", "the Space dropped the job (restarted or killed)")
     if isinstance(exc, (ConnectionError, OSError)):

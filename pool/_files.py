@@ -1,13 +1,13 @@
 """Files in a Space's inputs and outputs.
 
-Out: pooled connections use ``download_files=False`` (GRADIO_FACTS.md), so a file in a
-result arrives as Gradio's ``FileData`` dict — ``{"path": <path on the Space>, "url":
-…, "orig_name": …, "meta": {"_type": "gradio.FileData"}}``, nested anywhere in the
-output. :func:`fetch` downloads one through the connection's own headers and cookies
-(an HF token, a private Space), bounded in bytes and time, into a folder of the
-caller's, and returns a :class:`LocalFile`; :meth:`PooledClient.download` does it for
-every file of a result while the lease is held, and ``Pool.predict(download_to=...)``
-on top of that.
+Out: a file in a result arrives as Gradio's ``FileData`` dict — ``{"path": <path on
+the Space>, "url": …, "orig_name": …, "size": …, "meta": {"_type": …}}``,
+nested anywhere in the output. :func:`fetch` downloads one through the connection
+(native: the Space's own HTTP client, :meth:`pool.transport.SpaceTransport.download`;
+fallback: the Client's headers and cookies), with the call's headers, bounded in bytes
+and time, into a folder of the caller's, and returns a :class:`LocalFile`;
+:meth:`PooledClient.download` does it for every file of a result while the lease is
+held, and ``Pool.predict(download_to=...)`` on top of that.
 
 The file's address is built from the connection's own Space URL and the ``path``
 (as gradio_client does); a ``url`` the Space sends is used only when it points at the
@@ -22,10 +22,8 @@ from __future__ import annotations
 
 import mimetypes
 import os
-import re
 import secrets
-import urllib.parse
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -33,12 +31,13 @@ from typing import Any
 import httpx
 
 from ._exceptions import UpstreamFileError
+from ._native import NativeClient
+from .transport import ShortBody, TooLarge, file_url, safe_name
 
 _MAX_DEPTH = 64
 _MAX_REDIRECTS = 3
 _CHUNK = 64 * 1024
 _TIMEOUT = httpx.Timeout(10.0, read=60.0)  # per read; the caller bounds the whole
-_UNSAFE_NAME = re.compile(r"[^A-Za-z0-9._ -]+")
 
 
 @dataclass(frozen=True)
@@ -97,13 +96,6 @@ def replace_files(value: Any, replace: Callable[[dict[str, Any]], Any], depth: i
     return value
 
 
-def safe_name(name: str | None, fallback: str = "file") -> str:
-    """A file name with no directory part and only harmless characters."""
-    base = os.path.basename((name or "").replace("\\", "/"))
-    base = _UNSAFE_NAME.sub("_", base).strip(" .")[:128]
-    return base or fallback
-
-
 def file_arg(path: str | os.PathLike[str], name: str | None = None) -> dict[str, Any]:
     """A file argument for a Space (``gradio_client.handle_file``): uploaded on submit."""
     from gradio_client import handle_file
@@ -114,46 +106,51 @@ def file_arg(path: str | os.PathLike[str], name: str | None = None) -> dict[str,
     return data
 
 
-def _origin(url: httpx.URL) -> tuple[str, str, int | None]:
-    return url.scheme, url.host, url.port
-
-
 def source_url(client: Any, data: dict[str, Any]) -> str:
-    """Where the Space serves ``data``: its own ``/file=`` route, or a same-origin url."""
-    root = str(getattr(client, "src_prefixed", "") or client.src)
-    root = root.rstrip("/") + "/"
-    given = data.get("url")
-    if isinstance(given, str) and given:
-        try:
-            absolute = httpx.URL(root).join(given)
-            if _origin(absolute) == _origin(httpx.URL(root)):
-                return str(absolute)
-        except httpx.InvalidURL:
-            pass
-    return root + "file=" + urllib.parse.quote(data["path"], safe="/")
+    """Where the Space serves ``data`` (:func:`pool.transport.file_url`)."""
+    return file_url(str(getattr(client, "src_prefixed", "") or client.src), data)
 
 
 async def fetch(
-    http: httpx.AsyncClient,
+    http: httpx.AsyncClient | None,
     client: Any,
     data: dict[str, Any],
     directory: str | os.PathLike[str],
     *,
     max_bytes: int,
+    headers: Mapping[str, str] | None = None,
 ) -> LocalFile:
-    """Download one FileData through ``client``'s headers into ``directory``.
+    """Download one FileData through ``client`` into ``directory``.
 
     Raises :class:`~pool.UpstreamFileError` (``kind`` ``file_too_large`` or
     ``file_fetch``); a partial file is removed. The caller bounds the time.
     """
+    name = safe_name(data.get("orig_name") or data["path"])
+    if isinstance(client, NativeClient):
+        try:
+            got = await client.transport.download(data, directory, max_bytes=max_bytes,
+                                                  headers=headers)  # fmt: skip
+        except TooLarge:
+            raise _too_large(max_bytes) from None
+        except ShortBody as exc:
+            raise UpstreamFileError(f"an output file was cut short ({exc})") from exc
+        except httpx.HTTPStatusError as exc:
+            raise UpstreamFileError(
+                f"the Space answered HTTP {exc.response.status_code} for an output file"
+            ) from exc
+        except httpx.HTTPError as exc:
+            raise UpstreamFileError(
+                f"could not fetch an output file ({type(exc).__name__})"
+            ) from exc
+        return LocalFile(got.path, name, got.size, got.mime_type, dict(data))
+    assert http is not None
     # Local disk work (a directory, 64 KiB writes) stays on the loop: it is short.
     folder = Path(directory)
     os.makedirs(folder, exist_ok=True)
-    name = safe_name(data.get("orig_name") or data["path"])
     target = folder / f"{secrets.token_hex(8)}-{name}"
     url = httpx.URL(source_url(client, data))
-    origin = _origin(url)
-    headers = dict(getattr(client, "headers", None) or {})
+    origin = (url.scheme, url.host, url.port)
+    headers = {**(getattr(client, "headers", None) or {}), **(headers or {})}
     cookies = getattr(client, "cookies", None) or {}
     if cookies:  # (per-request cookies= is deprecated in httpx)
         headers["Cookie"] = "; ".join(f"{k}={v}" for k, v in cookies.items())
@@ -165,7 +162,7 @@ async def fetch(
             ) as response:
                 if response.is_redirect and "location" in response.headers:
                     url = url.join(response.headers["location"])
-                    if _origin(url) != origin:
+                    if (url.scheme, url.host, url.port) != origin:
                         raise UpstreamFileError("the Space redirected a file elsewhere")
                     continue
                 if response.status_code != 200:

@@ -1,11 +1,16 @@
 """The leased handle a caller gets from ``get_client``: awaitable predict/submit.
 
-gradio_client is synchronous; its jobs already run in the Client's own threads, so a
-job's ``concurrent.futures.Future`` is awaited with ``asyncio.wrap_future`` and the
-event loop is never blocked. A job's partial outputs (a generator endpoint's yields)
-are read as they arrive with ``async for out in job.stream()`` (:mod:`pool._streaming`
-says how, without polling). The handle is detached when the lease ends (asyncpg):
-using it afterwards raises :class:`~pool.MisuseError`.
+A job runs on the connection's transport — natively on the event loop
+(:class:`pool.transport.Call`), or in a fallback ``gradio_client.Client``'s threads
+(:class:`pool._legacy.GradioJob`); both give an asyncio future for the result and two
+feeds that wake readers as items arrive: the partial outputs (``async for out in
+job.stream()``) and every protocol message as a typed event (``job.events()``). The
+handle is detached when the lease ends (asyncpg): using it afterwards raises
+:class:`~pool.MisuseError`.
+
+Per-call headers (``submit(..., headers=...)``) go with that call's upstream requests
+only (the native transport sends them on its join, data stream, upload, cancel and
+download; the fallback on its join only, as gradio_client does).
 
 Fencing: a handle knows the admission lease it runs under. When the lease is lost
 (:meth:`~pool.admission.Lease.fence`: not renewed before its local expiry, or gone
@@ -21,8 +26,7 @@ import asyncio
 import concurrent.futures
 import contextlib
 import os
-import time
-from collections.abc import AsyncGenerator, Callable
+from collections.abc import AsyncGenerator, Callable, Mapping
 from concurrent.futures import Executor
 from dataclasses import dataclass
 from typing import Any
@@ -42,14 +46,13 @@ from ._exceptions import (
     UnknownEndpoint,
 )
 from ._guard import check_outbound
-from ._streaming import Watch, watch
 from .admission import Lease
 from .resilience import Outcome
+from .transport import Feed, UpstreamEvent
 
 FailureHook = Callable[[Classified], bool]  # True: the pool counted a failover
-_RESERVED = frozenset({"fn_index", "headers", "result_callbacks"})
+_RESERVED = frozenset({"fn_index", "result_callbacks"})
 DEFAULT_STREAM_KEEP = 32
-NAME_WAIT_S = 5.0  # longest wait for a just-submitted job's event id, to cancel it
 
 
 @dataclass(frozen=True)
@@ -61,27 +64,15 @@ class Partial:
 
 
 class PooledJob:
-    """One submitted job; ``await job``, ``await job.result(timeout=...)`` or
-    ``async for out in job.stream()``."""
+    """One submitted job; ``await job``, ``await job.result(timeout=...)``,
+    ``async for out in job.stream()`` or ``async for event in job.events()``."""
 
-    def __init__(
-        self,
-        job: Any,
-        handle: PooledClient,
-        *,
-        generator: bool = True,
-        keep: int = DEFAULT_STREAM_KEEP,
-    ) -> None:
+    def __init__(self, job: Any, handle: PooledClient, *, generator: bool = True) -> None:
         self._job = job
         self._handle = handle
-        self._future: asyncio.Future[Any] = asyncio.wrap_future(job.future)
-        # A job given up on (deadline, cancel) still finishes with an error later;
-        # mark it retrieved so asyncio does not log "exception was never retrieved".
-        self._future.add_done_callback(_retrieve)
+        self._future: asyncio.Future[Any] = job.result
         self._cancelled = False
         self._generator = generator
-        self._keep = keep
-        self._watch: Watch | None = None
 
     @property
     def done(self) -> bool:
@@ -107,42 +98,55 @@ class PooledJob:
 
     async def partials(self, timeout: float | None = None) -> AsyncGenerator[Partial, None]:
         """:meth:`stream` with each output's index (a gap: older outputs were skipped)."""
+        async with contextlib.aclosing(self._follow(self._job.outputs, timeout)) as items:
+            async for index, output in items:
+                yield Partial(index, output)
+        await self.result()  # done: its error, or the outcome "success"
+
+    async def events(self, timeout: float | None = None) -> AsyncGenerator[UpstreamEvent, None]:
+        """Every message the Space sends about this job, as it arrives, as a typed
+        event (:class:`~pool.UpstreamQueued`, :class:`~pool.UpstreamStarted`,
+        :class:`~pool.UpstreamProgress`, :class:`~pool.UpstreamLog`,
+        :class:`~pool.UpstreamPartial`, :class:`~pool.UpstreamDone`); ends after the
+        last. Does not raise the job's error (``await job`` does). The fallback
+        transport has partials and done only."""
+        async with contextlib.aclosing(self._follow(self._job.events, timeout)) as items:
+            async for _, event in items:
+                yield event
+
+    async def _follow(
+        self, feed: Feed, timeout: float | None
+    ) -> AsyncGenerator[tuple[int, Any], None]:
+        """The items of ``feed`` as they come, until it ends; lease, deadline and
+        cancellation as in :meth:`result`."""
         started = self._handle.clock.now()
-        if self._watch is None:
-            self._watch = watch(self._job, self._keep)
-            if self._watch is not None:
-                changed = self._watch.changed
-                self._future.add_done_callback(lambda _: changed.set())
-        w = self._watch
-        if w is None:  # not a gradio_client Job: the result is the only output
-            yield Partial(0, await self.result(timeout))
-            return
         index = 0
         while True:
-            finished = self._future.done()  # then every output is already appended
-            w.changed.clear()
+            finished = feed.closed
             self._handle._check_lease()  # fenced, or resumed past its expiry: no more output
-            first, outputs = w.since(index)
-            for i, output in enumerate(outputs, first):
+            first, items = feed.since(index)
+            for i, item in enumerate(items, first):
                 index = i + 1
-                yield Partial(i, output)
+                yield i, item
             if finished:
-                break
+                return
             left = None if timeout is None else timeout - (self._handle.clock.now() - started)
             try:
                 async with self._handle.clock.timeout(left):
-                    await w.changed.wait()
+                    await feed.wait(index)
             except TimeoutError:
                 raise await self._deadline_passed(timeout, started) from None
             except asyncio.CancelledError:
                 self._handle._dirty = True
                 self._cancel_in_background()
                 raise
-        await self.result()  # done: its error, or the outcome "success"
 
     def status(self) -> Any:
-        """gradio_client's status update (rank in the Space's queue, ETA, …)."""
-        return self._job.status()
+        """gradio_client's status update (fallback transport only; see :meth:`events`)."""
+        status = getattr(self._job, "status", None)
+        if status is None:
+            raise MisuseError("status() is the fallback transport's; use events()")
+        return status()
 
     async def result(self, timeout: float | None = None) -> Any:
         """The job's output; on ``timeout`` the upstream job is cancelled."""
@@ -203,20 +207,14 @@ class PooledJob:
         self._start_cancel()
 
     def _start_cancel(self) -> tuple[asyncio.Future[None] | None, bool]:
-        """Post the cancel from a worker thread (once), tracked on the connection so
-        that closing it waits for the cancel; (None, _) if there is nothing to do."""
+        """Start the upstream cancel (once), tracked on the connection so that closing
+        it waits for the cancel; (None, _) if there is nothing to do."""
         if self._cancelled or self._future.done():
             return None, False
         self._cancelled = True
         self._handle._dirty = True
-        unnamed = getattr(getattr(self._job, "communicator", None), "event_id", 1) is None
-        loop = asyncio.get_running_loop()
-        try:
-            pending = loop.run_in_executor(self._handle._executor, _quiet_cancel, self._job)
-        except RuntimeError:
-            # The pool is closed (its executor shut down), and closing the connection
-            # already cut the job's stream, which drops it upstream.
-            return None, unnamed
+        unnamed = not self._job.named
+        pending = asyncio.ensure_future(_quiet(self._job.cancel()))
         self._handle._track(pending)
         return pending, unnamed
 
@@ -224,33 +222,10 @@ class PooledJob:
         return self.result().__await__()
 
 
-def _retrieve(future: asyncio.Future[Any]) -> None:
-    if not future.cancelled():
-        future.exception()
-
-
-def _quiet_cancel(job: Any) -> None:
-    """Cancel ``job`` upstream, in a worker thread; never raises.
-
-    gradio_client's ``Job.cancel()`` posts the Space's ``/cancel`` with the event id it
-    knows at that moment. Cancelled right after submit (a stream whose caller left at
-    once), it knows none yet: the Space would run the job to its end. So wait (bounded)
-    until the Space has named the job, then post the cancel again.
-    """
+async def _quiet(cancel: Any) -> None:
+    """An upstream cancel that never raises (the Space gone, the pool closed)."""
     with contextlib.suppress(Exception):
-        communicator = getattr(job, "communicator", None)
-        named = getattr(communicator, "event_id", None) is not None
-        job.cancel()
-        cancel_fn = getattr(job, "cancel_fn", None)
-        if named or communicator is None or cancel_fn is None:
-            return
-        deadline = time.monotonic() + NAME_WAIT_S
-        while communicator.event_id is None and time.monotonic() < deadline:
-            if job.future.done():
-                break
-            time.sleep(0.02)
-        if communicator.event_id is not None:
-            cancel_fn()
+        await cancel
 
 
 class PooledClient:
@@ -304,8 +279,15 @@ class PooledClient:
             raise MisuseError("this client handle was used after its lease ended")
         return self._conn
 
-    async def submit(self, *args: Any, api_name: str | None = None, **kwargs: Any) -> PooledJob:
-        """Start a job on the Space and return it without waiting for the result."""
+    async def submit(
+        self,
+        *args: Any,
+        api_name: str | None = None,
+        headers: Mapping[str, str] | None = None,
+        **kwargs: Any,
+    ) -> PooledJob:
+        """Start a job on the Space and return it without waiting for the result;
+        ``headers`` go with this job's upstream requests only."""
         conn = self._live()
         self._check_lease()  # nothing new starts under a lost lease
         reserved = _RESERVED.intersection(kwargs)
@@ -319,20 +301,23 @@ class PooledClient:
             if api_name not in names:
                 raise UnknownEndpoint(api_name, names)
         try:
-            job = conn.client.submit(*args, api_name=api_name, **kwargs)
+            job = conn.submit(api_name, args, kwargs, headers, self._stream_keep, self._executor)
         except (ValueError, TypeError) as exc:
             raise InvalidRequest(f"cannot call {api_name or 'the endpoint'}: {exc}") from exc
-        pooled = PooledJob(
-            job, self, generator=conn.is_generator(api_name), keep=self._stream_keep
-        )
+        pooled = PooledJob(job, self, generator=conn.is_generator(api_name))
         self._jobs.append(pooled)
         return pooled
 
     async def predict(
-        self, *args: Any, api_name: str | None = None, timeout: float | None = None, **kwargs: Any
+        self,
+        *args: Any,
+        api_name: str | None = None,
+        timeout: float | None = None,
+        headers: Mapping[str, str] | None = None,
+        **kwargs: Any,
     ) -> Any:
         """Run one job and return its result; ``timeout`` cancels it upstream."""
-        job = await self.submit(*args, api_name=api_name, **kwargs)
+        job = await self.submit(*args, api_name=api_name, headers=headers, **kwargs)
         return await job.result(timeout=timeout)
 
     async def _outcome(self, future: asyncio.Future[Any]) -> Any:
@@ -358,8 +343,8 @@ class PooledClient:
         self._dirty = True
         for job in self._jobs:
             job._cancel_in_background()
-            if job._watch is not None:  # a partials() reader wakes and raises LeaseLost
-                job._watch.changed.set()
+            job._job.outputs.poke()  # a partials() or events() reader wakes: LeaseLost
+            job._job.events.poke()
         if self._fenced is not None and not self._fenced.done():
             self._fenced.set_result(None)
 
@@ -370,11 +355,14 @@ class PooledClient:
         *,
         max_bytes: int | None = None,
         timeout: float | None = None,
+        headers: Mapping[str, str] | None = None,
     ) -> Any:
         """``value`` (a result) with every Gradio FileData in it downloaded into
         ``directory`` and replaced by a :class:`~pool.LocalFile`.
 
-        Through this connection's headers and cookies; each file at most ``max_bytes``
+        Through this connection (its cookies; ``headers``: the call's), and once more on
+        a fresh connection when a kept-alive one turns out closed; a body shorter than
+        the ``size`` the Space announced is an error. Each file at most ``max_bytes``
         (default ``POOL_FILE_MAX_BYTES``), all of them within ``timeout`` seconds
         (:class:`~pool.DeadlineExceeded`). On any failure the files already fetched
         are deleted. Raises :class:`~pool.UpstreamFileError`.
@@ -385,14 +373,15 @@ class PooledClient:
         conn = self._live()
         limit = self.file_max_bytes if max_bytes is None else max_bytes
         fetched: dict[int, _files.LocalFile] = {}
-        own_http = self._http is None
-        http = self._http or httpx.AsyncClient()
+        own_http = self._http is None and not conn.native  # the native client has its own
+        http = httpx.AsyncClient() if own_http else self._http
         try:
             async with self.clock.timeout(timeout):
                 for data in found:
                     if id(data) not in fetched:
                         fetched[id(data)] = await _files.fetch(
-                            http, conn.client, data, directory, max_bytes=limit
+                            http, conn.client, data, directory, max_bytes=limit,
+                            headers=headers,
                         )
         except BaseException as exc:
             for local in fetched.values():
@@ -401,7 +390,7 @@ class PooledClient:
                 raise DeadlineExceeded("the deadline passed while fetching output files") from None
             raise
         finally:
-            if own_http:
+            if own_http and http is not None:
                 await http.aclose()
         return _files.replace_files(value, lambda data: fetched[id(data)])
 

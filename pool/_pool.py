@@ -32,7 +32,7 @@ import dataclasses
 import functools
 import logging
 import os
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -57,7 +57,8 @@ from ._exceptions import (
     UpstreamTransportError,
 )
 from ._failures import failure
-from ._handle import Partial, PooledClient
+from ._handle import Partial, PooledClient, PooledJob
+from ._native import NativeFactory
 from ._routing import Router, user_key
 from ._settings import PoolSettings
 from ._space_pool import SpacePool
@@ -87,6 +88,7 @@ from .resilience import (
     http_probe,
     resource_cap,
 )
+from .transport import UpstreamEvent
 
 _log = logging.getLogger("spacepool")
 _T = TypeVar("_T")
@@ -119,6 +121,8 @@ class _Call:
     on_admitted: Callable[[str], Awaitable[None]] | None
     on_partial: Callable[[Partial], Awaitable[None]] | None
     download_to: str | os.PathLike[str] | None
+    headers: Mapping[str, str] | None = None  # sent with this call's upstream requests
+    on_event: Callable[[UpstreamEvent], Awaitable[None]] | None = None
     delivered: bool = False  # a partial reached the caller: never repeat the call
     failed: list[str] = field(default_factory=list)  # Spaces an attempt failed on
     handle: PooledClient | None = None  # the current attempt's, once admitted
@@ -127,6 +131,13 @@ class _Call:
         self.delivered = True
         if self.on_partial is not None:
             await self.on_partial(partial)
+
+
+async def _pump(job: PooledJob, on_event: Callable[[UpstreamEvent], Awaitable[None]]) -> None:
+    """Deliver every event of ``job`` to ``on_event``, in order, until the job ends."""
+    async with contextlib.aclosing(job.events()) as events:
+        async for event in events:
+            await on_event(event)
 
 
 def _log_failure(task: asyncio.Task[Any]) -> None:
@@ -153,19 +164,26 @@ class Pool:
         if not self._specs:
             raise ValueError("no Spaces configured: set POOL_SPACES")
         token = s.hf_token.get_secret_value() if s.hf_token else None
-        self._factory = client_factory or gradio_factory(
+        self._coordinator = coordinator
+        self._owns_coordinator = coordinator is None
+        self.clock = clock or SYSTEM_CLOCK
+        # Blocking work (the fallback's open, close, cancel; Hub API calls) runs here,
+        # never on the loop nor in its default executor: our own executor (threads
+        # start on first use), so that aclose() can end its threads.
+        self._executor = ThreadPoolExecutor(16, thread_name_prefix="spacepool-io")
+        fallback = gradio_factory(
             token=token,
             connect_timeout_s=s.connect_timeout_s,
             read_timeout_s=s.read_timeout_s,
             max_workers=s.client_max_workers,
         )
-        self._coordinator = coordinator
-        self._owns_coordinator = coordinator is None
-        self.clock = clock or SYSTEM_CLOCK
-        # Blocking work (gradio_client's open, close, cancel; Hub API calls) runs here,
-        # never on the loop nor in its default executor: our own executor (threads
-        # start on first use), so that aclose() can end its threads.
-        self._executor = ThreadPoolExecutor(16, thread_name_prefix="spacepool-io")
+        self._factory: ClientFactory = client_factory or fallback
+        if client_factory is None and s.transport == "native":
+            self._factory = NativeFactory(
+                token=token, connect_timeout_s=s.connect_timeout_s,
+                read_timeout_s=s.read_timeout_s, min_size=s.min_connections,
+                max_size=s.max_connections, fallback=fallback, executor=self._executor,
+            )  # fmt: skip
         self._control: SpaceControl = space_control or HubSpaceControl(
             token, executor=self._executor, clock=self.clock
         )
@@ -307,6 +325,8 @@ class Pool:
                     await asyncio.wait(self._detached)
         with contextlib.suppress(Exception):
             await self._stats.withdraw()
+        if isinstance(self._factory, NativeFactory):  # the Spaces' HTTP clients
+            await self._factory.aclose()
         if self._http is not None:
             await self._http.aclose()
         if self._coordinator is not None and self._owns_coordinator:
@@ -448,6 +468,8 @@ class Pool:
         on_admitted: Callable[[str], Awaitable[None]] | None = None,
         download_to: str | os.PathLike[str] | None = None,
         on_partial: Callable[[Partial], Awaitable[None]] | None = None,
+        headers: Mapping[str, str] | None = None,
+        on_event: Callable[[UpstreamEvent], Awaitable[None]] | None = None,
     ) -> Prediction:
         """One predict with the pool's retry policy, failover and deadline.
 
@@ -464,7 +486,9 @@ class Pool:
         ``on_partial(partial)`` is awaited for each partial output of a generator
         endpoint as it arrives (:meth:`PooledJob.partials`; a reader slower than the
         Space skips older partials, never the latest); the result is the final output.
-        Once a partial was delivered the call is never retried.
+        Once a partial was delivered the call is never retried. ``headers`` go with
+        every upstream request of this call (and no other); ``on_event(event)`` is
+        awaited for each protocol message (:meth:`PooledJob.events`).
         """
         started = self.clock.now()
         call = _Call(
@@ -476,6 +500,8 @@ class Pool:
             on_admitted,
             on_partial,
             download_to,
+            headers,
+            on_event,
         )
         queue_timeout = (
             self.settings.queue_timeout_s if queue_timeout_s is None else queue_timeout_s
@@ -561,29 +587,34 @@ class Pool:
 
     async def _run(self, handle: PooledClient, call: _Call) -> Any:
         """``call`` on ``handle`` within its deadline: each partial output to its reader,
-        output files (partials' too) fetched into its folder."""
+        each event to its listener, output files (partials' too) fetched into its folder."""
 
         async def fetched(value: Any) -> Any:
             if call.download_to is None:
                 return value
             rest, limit = self._left(call.deadline), self.settings.file_timeout_s
             timeout = limit if rest is None else min(limit, rest)
-            return await handle.download(value, call.download_to, timeout=timeout)
+            return await handle.download(value, call.download_to, timeout=timeout,
+                                         headers=call.headers)  # fmt: skip
 
-        api, args, kwargs = call.api_name, call.args, call.kwargs
-        if call.on_partial is None:
-            result = await handle.predict(
-                *args, api_name=api, timeout=self._left(call.deadline), **kwargs
-            )
-        else:
-            job = await handle.submit(*args, api_name=api, **kwargs)
-            if job.generator:
+        job = await handle.submit(*call.args, api_name=call.api_name, headers=call.headers,
+                                  **call.kwargs)  # fmt: skip
+        pump = None if call.on_event is None else asyncio.create_task(_pump(job, call.on_event))
+        try:
+            if call.on_partial is not None and job.generator:
                 left = self._left(call.deadline)
                 async with contextlib.aclosing(job.partials(left)) as partials:
                     async for partial in partials:
                         output = await fetched(partial.output)
                         await call.deliver(dataclasses.replace(partial, output=output))
             result = await job.result(timeout=self._left(call.deadline))
+            if pump is not None:
+                await pump  # every event delivered (the job is done: they end)
+        finally:
+            if pump is not None and not pump.done():
+                pump.cancel()
+                with contextlib.suppress(BaseException):
+                    await pump
         return await fetched(result)
 
     async def _admit_and_checkout(

@@ -62,6 +62,11 @@ class PoolSettings(BaseSettings):
     stream_keep: int = Field(
         default=32, ge=1, le=10_000, description="partial outputs kept per stream reader"
     )
+    transport: Literal["native", "gradio_client"] = Field(
+        default="native",
+        description="native: the asyncio transport (pool/transport); gradio_client: the "
+        "fallback, a gradio_client.Client per connection",
+    )
     user_hash_key: SecretStr | None = None
     hf_token: SecretStr | None = Field(default=None, validation_alias="HF_TOKEN")
 

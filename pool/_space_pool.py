@@ -27,19 +27,15 @@ from ._clock import SYSTEM_CLOCK, Clock
 from ._connection import ClientFactory, Connection, ConnState, close_client
 from ._errors import classify_connect
 from ._exceptions import PoolClosedError, PoolError
-from ._handle import NAME_WAIT_S
+from ._legacy import NAME_WAIT_S
 from ._spaces import SpaceSpec
-from ._threads import wait_ended
 from .resilience import RetryPolicy
 
 # A returned connection whose result stream is still closing (in gradio_client's thread)
 # waits this long for it, in real time: the wait is for a thread, not on the pool's clock.
 _SETTLE_S = 2.0
 _SETTLE_POLL_S = 0.02
-# How long closing a connection waits for its job cancels, then for its Client's
-# threads (they end within milliseconds once its connections are cut; only a thread
-# still connecting, or resolving a host name, can take longer).
-_CLOSE_WAIT_S = 3.0
+_CLOSE_WAIT_S = 3.0  # closing a connection: the wait for its cancels, past NAME_WAIT_S
 _ACLOSE_CANCEL_WAIT_S = 1.0  # aclose(): how long job cancels may take to reach a Space
 _log = logging.getLogger("spacepool")
 
@@ -273,10 +269,14 @@ class SpacePool:
 
     async def _connect(self) -> Any:
         loop = asyncio.get_running_loop()
+        aopen = getattr(self._factory, "aopen", None)
         attempt = 0
         while True:
             attempt += 1
             try:
+                if aopen is not None:  # the native transport: no thread
+                    self._ensure_open()
+                    return await aopen(self.spec.src)
                 return await loop.run_in_executor(self._executor, self._open_blocking)
             except PoolClosedError:
                 raise
@@ -381,12 +381,7 @@ class SpacePool:
             # the pool closes, a Space that does not answer must not hold aclose() up.
             wait_s = _ACLOSE_CANCEL_WAIT_S if self._closed else NAME_WAIT_S + _CLOSE_WAIT_S
             await asyncio.wait(pending, timeout=wait_s)
-        loop = asyncio.get_running_loop()
-        threads = await loop.run_in_executor(self._executor, close_client, conn.client)
-        left = await wait_ended(threads, _CLOSE_WAIT_S)
-        if left:  # still connecting: the connect timeout ends it
-            _log.warning("space %s: %d thread(s) of a closed connection still running",
-                         self.name, len(left))
+        await conn.aclose(self._executor, self.name)
 
     def _spawn(self, coro: Any) -> None:
         task = asyncio.get_running_loop().create_task(coro)

@@ -1,0 +1,73 @@
+"""The Gradio wire protocol, asyncio-native: no thread, no poll, one HTTP client a Space.
+
+What it speaks (the facts and their Gradio sources are in ``docs/gradio-protocol.md``
+and in each module's docstring): the queue protocol of Gradio 4 to 6 —
+``sse_v3`` (today's servers), and ``sse_v2.1``, ``sse_v2``, ``sse_v1``, which differ from it
+only in whether partial outputs are diffs and in when the server ends the data stream:
+
+* ``GET config`` and ``GET gradio_api/info?serialize=False``, once per Space and
+  ``app_id`` (:class:`SpaceTransport.load`; a new connection costs one ``app_id``
+  request to find out whether the Space restarted);
+* per lease a :class:`Session` (a fresh ``session_hash``, so no ``gr.State`` crosses
+  users; or one given, to keep state on purpose): ``queue/join``, one reader of the
+  session's ``queue/data`` stream dispatching each message to its :class:`Call` the
+  moment it arrives, ``cancel``, the ``heartbeat`` stream where the config asks for it;
+* ``upload`` of input files and the download of output files (retried once when a
+  kept-alive connection turns out closed; a body shorter than the announced ``size``
+  is an error).
+
+Every request a call makes carries that call's headers and no other call's. Every
+message becomes a typed event (:mod:`._events`). Everything runs on one
+``httpx.AsyncClient`` per Space (``httpx-sse`` parses the streams).
+
+The data layer stays gradio_client's (``handle_file``, ``FileData``, argument binding,
+diffs, ``view_api``'s dict). This package knows nothing of admission or pooling.
+
+What it does not speak: the ``ws`` and ``sse`` (v0) protocols of Gradio 3 —
+:class:`ProtocolNotSupported` — for which the pool falls back to a
+``gradio_client.Client`` (``pool/_legacy.py``), as it does with ``POOL_TRANSPORT=gradio_client``.
+"""
+
+from __future__ import annotations
+
+from ._app import NATIVE_PROTOCOLS, AppInfo, Endpoint, ProtocolNotSupported
+from ._events import (
+    ProgressUnit,
+    UpstreamDone,
+    UpstreamEvent,
+    UpstreamLog,
+    UpstreamPartial,
+    UpstreamProgress,
+    UpstreamQueued,
+    UpstreamStarted,
+)
+from ._feed import Feed
+from ._files import TooLarge, file_url, safe_name
+from ._session import Call, CallCancelled, Session, SessionDropped
+from ._space import Downloaded, ShortBody, SpaceTransport
+
+__all__ = [
+    "NATIVE_PROTOCOLS",
+    "AppInfo",
+    "Call",
+    "CallCancelled",
+    "Downloaded",
+    "Endpoint",
+    "Feed",
+    "ProgressUnit",
+    "ProtocolNotSupported",
+    "Session",
+    "SessionDropped",
+    "ShortBody",
+    "SpaceTransport",
+    "TooLarge",
+    "UpstreamDone",
+    "UpstreamEvent",
+    "UpstreamLog",
+    "UpstreamPartial",
+    "UpstreamProgress",
+    "UpstreamQueued",
+    "UpstreamStarted",
+    "file_url",
+    "safe_name",
+]

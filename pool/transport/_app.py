@@ -1,0 +1,161 @@
+"""What a Space's ``/config`` and ``/gradio_api/info`` say, read once per app_id.
+
+The data layer stays gradio_client's: argument binding is ``utils.construct_args``,
+file detection ``utils.is_file_obj_with_meta``, diffs ``utils.apply_diff``, and the
+rules below mirror ``gradio_client/client.py`` ``Endpoint`` (state inputs get ``None``,
+outputs of ``SKIP_COMPONENTS`` are dropped, a single output is returned bare) and
+``Client._get_api_info`` (private endpoints hidden from ``view_api``).
+"""
+
+from __future__ import annotations
+
+import copy
+import urllib.parse
+from dataclasses import dataclass
+from typing import Any
+
+from gradio_client import utils
+
+# Protocols whose queue is join + one data stream per session (gradio_client
+# client.py ``Endpoint.make_predict``; gradio/routes.py ``queue_join``/``queue_data``).
+NATIVE_PROTOCOLS = frozenset({"sse_v1", "sse_v2", "sse_v2.1", "sse_v3"})
+# Protocols whose process_generating messages carry diffs after the first
+# (gradio_client utils.py ``stream_sse_v1plus``).
+DIFF_PROTOCOLS = frozenset({"sse_v2", "sse_v2.1", "sse_v3"})
+
+
+class ProtocolNotSupported(Exception):
+    """The Space speaks a protocol this transport does not (``ws``, ``sse``, …)."""
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """One dependency of the app, as a caller sees it."""
+
+    fn_index: int
+    api_name: str | None
+    public: bool
+    generator: bool
+    inputs: tuple[int, ...]  # component ids
+    state_inputs: tuple[int, ...]  # positions that take no caller value
+    kept_outputs: tuple[int, ...]  # positions returned to the caller
+    parameters: list[dict[str, Any]] | None
+
+
+class AppInfo:
+    """A Space's config and API for one ``app_id``: endpoints, URLs, protocol."""
+
+    def __init__(self, src: str, config: dict[str, Any], info: dict[str, Any]) -> None:
+        self.src = src if src.endswith("/") else src + "/"
+        self.config = config
+        self.protocol = str(config.get("protocol", "ws"))
+        if self.protocol not in NATIVE_PROTOCOLS:
+            raise ProtocolNotSupported(f"protocol {self.protocol!r}")
+        self.app_id: object = config.get("app_id")
+        prefix = str(config.get("api_prefix", "")).lstrip("/") + "/"
+        self.prefixed = urllib.parse.urljoin(self.src, prefix).rstrip("/") + "/"
+        self.heartbeat = bool(config.get("connect_heartbeat", False))
+        max_size = config.get("max_file_size")
+        self.max_file_size = max_size if isinstance(max_size, int) else None
+        self._raw_info = info
+        self.info = _visible_info(info)
+        components = {c["id"]: c for c in config.get("components", []) if "id" in c}
+        self.endpoints: dict[int, Endpoint] = {}
+        self._by_name: dict[str, Endpoint] = {}
+        for i, dep in enumerate(config.get("dependencies", [])):
+            endpoint = _endpoint(dep.get("id", i), dep, components, self.info)
+            self.endpoints[endpoint.fn_index] = endpoint
+            if endpoint.api_name is not None and endpoint.public:
+                self._by_name.setdefault(endpoint.api_name, endpoint)
+
+    def url(self, path: str) -> str:
+        """``path`` under the API prefix (``/gradio_api/``)."""
+        return self.prefixed + path
+
+    def api_names(self) -> list[str]:
+        return list(self._by_name)
+
+    def endpoint(self, api_name: str | None) -> Endpoint:
+        """The endpoint named ``api_name`` (with its slash); without one, the only
+        public endpoint. ValueError as gradio_client's ``_infer_fn_index``."""
+        if api_name is not None:
+            found = self._by_name.get(api_name)
+            if found is None:
+                raise ValueError(f"Cannot find a function with `api_name`: {api_name}.")
+            return found
+        named = [e for e in self.endpoints.values() if e.public and e.api_name is not None]
+        if len(named) != 1:
+            raise ValueError(
+                "This Gradio app might have multiple endpoints. Please specify an `api_name`"
+            )
+        return named[0]
+
+    def view_api(self) -> dict[str, Any]:
+        """``Client.view_api(return_format="dict")``: a copy of the visible API info."""
+        return copy.deepcopy(self.info)
+
+
+def _visible_info(info: dict[str, Any]) -> dict[str, Any]:
+    """gradio_client ``Client._get_api_info``: drop code snippets and private endpoints."""
+    out: dict[str, Any] = {}
+    for key in ("named_endpoints", "unnamed_endpoints"):
+        kept = {}
+        for name, endpoint in (info.get(key) or {}).items():
+            endpoint = dict(endpoint)
+            endpoint.pop("code_snippets", None)
+            visibility = endpoint.pop("api_visibility", None)
+            shown = endpoint.pop("show_api", True)
+            if (visibility is not None and visibility != "private") or shown:
+                kept[name] = endpoint
+        out[key] = kept
+    return out
+
+
+def _endpoint(
+    fn_index: int, dep: dict[str, Any], components: dict[int, dict[str, Any]],
+    info: dict[str, Any],
+) -> Endpoint:  # fmt: skip
+    raw_name = dep.get("api_name")
+    api_name = "/" + raw_name if isinstance(raw_name, str) and raw_name else None
+    if "api_visibility" in dep:
+        public = dep["api_visibility"] != "private"
+    else:
+        public = raw_name is not False
+    inputs = tuple(dep.get("inputs", []))
+    outputs = tuple(dep.get("outputs", []))
+
+    def kind(cid: int) -> str:
+        return str(components.get(cid, {}).get("type", ""))
+
+    def skipped(cid: int) -> bool:
+        component = components.get(cid, {})
+        return bool(component.get("skip_api", kind(cid) in utils.SKIP_COMPONENTS))
+
+    named = info.get("named_endpoints", {}).get(api_name) if api_name else None
+    return Endpoint(
+        fn_index=fn_index,
+        api_name=api_name,
+        public=public,
+        generator=bool((dep.get("types") or {}).get("generator", False)),
+        inputs=inputs,
+        state_inputs=tuple(i for i, cid in enumerate(inputs) if kind(cid) == "state"),
+        kept_outputs=tuple(i for i, cid in enumerate(outputs) if not skipped(cid)),
+        parameters=named.get("parameters") if named else None,
+    )
+
+
+def bind_args(endpoint: Endpoint, args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[Any]:
+    """The call's data list: keywords bound (``utils.construct_args``), state slots
+    filled with None (``Endpoint.insert_empty_state``). ValueError/TypeError as
+    gradio_client raises them."""
+    data = list(utils.construct_args(endpoint.parameters, args, kwargs))
+    for position in endpoint.state_inputs:
+        data.insert(position, None)
+    return data
+
+
+def shape_output(endpoint: Endpoint, data: list[Any]) -> Any:
+    """The caller's value of an output list (``remove_skipped_components`` then
+    ``reduce_singleton_output``)."""
+    kept = [data[i] for i in endpoint.kept_outputs if i < len(data)]
+    return kept[0] if len(endpoint.kept_outputs) == 1 and kept else tuple(kept)

@@ -1,0 +1,369 @@
+"""A session on a Space's queue, and the calls made in it.
+
+The queue protocol (``sse_v1``…``sse_v3``; gradio/routes.py ``queue_join``,
+``queue_data``, ``cancel_event``, ``heartbeat``; gradio_client client.py ``send_data``,
+``stream_messages``; client/js/src/utils/submit.ts):
+
+* ``POST queue/join`` ``{data, fn_index, session_hash, event_data, trigger_id}`` →
+  ``{event_id}``; 503 when the queue is full, 422 when a validator refuses the input.
+* ``GET queue/data?session_hash=`` is ONE server-sent-event stream per session carrying
+  every event of it, tagged by ``event_id``. The server ends it with ``close_stream``
+  once the session has no pending event (its queue stays: a later stream picks up
+  where this one stopped); if it is cut, the server drops every event of the session.
+* ``POST cancel`` ``{session_hash, fn_index, event_id}``: the server completes the
+  event with an empty output.
+* ``GET heartbeat/{session_hash}`` (only when the config asks, ``connect_heartbeat``):
+  while it is open the session's state is kept; when it ends, unload handlers run.
+
+Here one reader task per session reads the stream and hands each message to its call
+at once (``Call._on_message``: no polling, no thread). A message for an event whose
+join has not returned yet is kept until the call registers. Every request of a call —
+upload, join, cancel, and the data stream and heartbeat it opens — carries that call's
+headers, and no other call's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import uuid
+from collections.abc import Mapping
+from typing import Any
+
+import httpx
+from gradio_client import utils
+from gradio_client.exceptions import AppError, ValidationError
+from httpx_sse import aconnect_sse
+
+from ._app import DIFF_PROTOCOLS, AppInfo, Endpoint, bind_args, shape_output
+from ._events import UpstreamDone, UpstreamEvent, UpstreamPartial, status_event
+from ._feed import Feed
+from ._space import SpaceTransport
+
+EVENTS_KEEP = 256  # events kept per call for a reader that falls behind
+
+
+class SessionDropped(Exception):
+    """The session's data stream ended while the call ran: the Space dropped the call
+    (restarted, killed, or the stream was cut)."""
+
+
+class CallCancelled(Exception):
+    """The call was cancelled (:meth:`Call.cancel`)."""
+
+
+class Session:
+    """One ``session_hash`` on one Space: its data-stream reader and its calls."""
+
+    def __init__(
+        self, space: SpaceTransport, app: AppInfo, session_hash: str | None = None
+    ) -> None:
+        self.space = space
+        self.app = app
+        self.hash = session_hash or uuid.uuid4().hex
+        self._calls: dict[str, Call] = {}  # joined, not finished: event_id → call
+        self._early: dict[str, list[dict[str, Any]]] = {}  # messages before the join returned
+        self._all: set[Call] = set()
+        self._reader: asyncio.Task[None] | None = None
+        self._heartbeat: asyncio.Task[None] | None = None
+        self.closed = False
+
+    def submit(
+        self,
+        api_name: str | None,
+        args: tuple[Any, ...],
+        kwargs: Mapping[str, Any],
+        *,
+        headers: Mapping[str, str] | None = None,
+        keep: int = 32,
+    ) -> Call:
+        """Start a call (upload, join, then its messages) and return it at once.
+
+        ValueError for an unknown endpoint, TypeError for arguments that do not bind
+        (as gradio_client raises them); every other failure ends the call."""
+        if self.closed:
+            raise RuntimeError("session closed")
+        endpoint = self.app.endpoint(api_name)
+        data = bind_args(endpoint, args, dict(kwargs))
+        call = Call(self, endpoint, data, dict(headers or {}), keep)
+        self._all.add(call)
+        call._task = asyncio.get_running_loop().create_task(call._run())
+        call._task.add_done_callback(lambda _: self._all.discard(call))
+        return call
+
+    # -- wire requests -------------------------------------------------------------------
+    async def _join(self, call: Call, data: list[Any]) -> str:
+        body = {"data": data, "fn_index": call.endpoint.fn_index, "session_hash": self.hash,
+                "event_data": None, "trigger_id": None}  # fmt: skip
+        # gradio_client sends x-gradio-user: api on joins; the call's headers win.
+        headers = {"x-gradio-user": "api", **call.headers}
+        response = await self.space.http.post(self.app.url(utils.SSE_DATA_URL), json=body,
+                                              headers=headers)  # fmt: skip
+        if response.status_code == 503:
+            raise utils.QueueError("Queue is full! Please try again.")
+        if response.status_code == 422:
+            await response.aread()
+            if (message := utils.extract_validation_message(response)) is not None:
+                raise ValidationError(message)
+        response.raise_for_status()
+        return str(response.json()["event_id"])
+
+    async def _cancel(self, call: Call) -> None:
+        body = {"session_hash": self.hash, "fn_index": call.endpoint.fn_index,
+                "event_id": call.event_id}  # fmt: skip
+        response = await self.space.http.post(self.app.url(utils.CANCEL_URL), json=body,
+                                              headers=call.headers)  # fmt: skip
+        response.raise_for_status()
+
+    # -- the data stream ---------------------------------------------------------------
+    def _register(self, call: Call) -> None:
+        """The join returned: route the call's messages to it (those already read
+        first) and make sure a reader runs."""
+        assert call.event_id is not None
+        self._calls[call.event_id] = call
+        for msg in self._early.pop(call.event_id, []):
+            self._dispatch(msg)
+        if call.event_id in self._calls and (self._reader is None or self._reader.done()):
+            self._reader = asyncio.get_running_loop().create_task(self._read(call.headers))
+        if self.app.heartbeat and self._heartbeat is None:
+            self._heartbeat = asyncio.get_running_loop().create_task(self._beat(call.headers))
+
+    def _dispatch(self, msg: dict[str, Any]) -> None:
+        event_id = msg.get("event_id")
+        if not isinstance(event_id, str):
+            if msg.get("msg") in ("unexpected_error", "server_stopped"):
+                self._drop_all(SessionDropped(str(msg.get("message") or "server stopped")))
+            return
+        call = self._calls.get(event_id)
+        if call is None:
+            self._early.setdefault(event_id, []).append(msg)
+            return
+        if call._on_message(msg):
+            del self._calls[event_id]
+
+    async def _read(self, headers: Mapping[str, str]) -> None:
+        """Read the session's stream until no call is pending; reopen it when the
+        server closed it as a call was joining; a cut stream drops every call."""
+        url = self.app.url(utils.SSE_URL)
+        timeout = httpx.Timeout(self.space.timeout.connect, read=self.space.timeout.read)
+        try:
+            while self._calls:
+                ended = False
+                async with aconnect_sse(self.space.http, "GET", url, headers=dict(headers),
+                                        params={"session_hash": self.hash},
+                                        timeout=timeout) as source:  # fmt: skip
+                    source.response.raise_for_status()
+                    async for sse in source.aiter_sse():
+                        if not sse.data:
+                            continue
+                        msg = json.loads(sse.data)
+                        kind = msg.get("msg")
+                        if kind == "heartbeat":
+                            continue
+                        if kind == "close_stream":
+                            ended = True
+                            break
+                        self._dispatch(msg)
+                if not ended:
+                    raise SessionDropped("the Space closed the session's stream")
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            if not isinstance(exc, SessionDropped):
+                exc = SessionDropped(f"the session's stream failed ({type(exc).__name__})")
+            self._drop_all(exc)
+
+    async def _beat(self, headers: Mapping[str, str]) -> None:
+        """Hold the session's heartbeat stream open until the session closes."""
+        url = self.app.url(utils.HEARTBEAT_URL.format(session_hash=self.hash))
+        timeout = httpx.Timeout(self.space.timeout.connect, read=None)
+        with contextlib.suppress(httpx.HTTPError):
+            async with self.space.http.stream("GET", url, headers=dict(headers),
+                                              timeout=timeout) as response:  # fmt: skip
+                async for _ in response.aiter_bytes():
+                    pass
+
+    def _drop_all(self, error: Exception) -> None:
+        calls, self._calls = list(self._calls.values()), {}
+        for call in calls:
+            call._fail(error)
+
+    async def aclose(self) -> None:
+        """End the reader, the heartbeat and every call still joining; calls still
+        pending fail with :class:`SessionDropped`."""
+        self.closed = True
+        tasks = [t for t in (self._reader, self._heartbeat) if t is not None]
+        tasks += [c._task for c in self._all if c._task is not None]
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(BaseException):
+                await task
+        self._drop_all(SessionDropped("the session was closed"))
+        for call in list(self._all):
+            call._fail(SessionDropped("the session was closed"))
+        self._early.clear()
+
+
+class Call:
+    """One call in a session: its result, its outputs and its events as they come."""
+
+    def __init__(
+        self, session: Session, endpoint: Endpoint, data: list[Any], headers: dict[str, str],
+        keep: int,
+    ) -> None:  # fmt: skip
+        self.session = session
+        self.endpoint = endpoint
+        self.headers = headers
+        self._data = data
+        self.event_id: str | None = None
+        self.result: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self.result.add_done_callback(_retrieve)
+        self.outputs = Feed(keep)
+        self.events = Feed(EVENTS_KEEP)
+        self._diffed: list[Any] | None = None
+        self._cancel_requested = False
+        self._task: asyncio.Task[None] | None = None
+
+    @property
+    def done(self) -> bool:
+        return self.result.done()
+
+    async def _run(self) -> None:
+        try:
+            data = await self._upload(self._data)
+            if self._cancel_requested:
+                raise CallCancelled("cancelled before it was sent")
+            self.event_id = await self.session._join(self, data)
+            self.session._register(self)
+            if self._cancel_requested:  # cancelled while joining: now it has a name
+                await self.session._cancel(self)
+        except asyncio.CancelledError:
+            self._fail(SessionDropped("the session was closed"))
+            raise
+        except Exception as exc:
+            self._fail(exc)
+
+    async def _upload(self, data: list[Any]) -> list[Any]:
+        """Local files among the inputs uploaded, their FileData pointing at the Space's
+        copy (gradio_client client.py ``Endpoint._upload_file``); URLs left as they are."""
+        found: list[dict[str, Any]] = []
+        utils.traverse(data, found.append, utils.is_file_obj_with_meta)
+        uploaded: dict[int, str] = {}
+        for item in found:
+            path = item["path"]
+            if not utils.is_http_url_like(path) and id(item) not in uploaded:
+                uploaded[id(item)] = await self.session.space.upload(
+                    path, self.headers, self.session.app.max_file_size
+                )
+        if not uploaded:
+            return data
+
+        def replace(item: dict[str, Any]) -> dict[str, Any]:
+            if id(item) not in uploaded:
+                return item
+            name = utils.strip_invalid_filename_characters(
+                str(item.get("orig_name") or item["path"]).replace("\\", "/").rsplit("/", 1)[-1]
+            )
+            return {"path": uploaded[id(item)], "orig_name": name,
+                    "meta": {"_type": "gradio.FileData"}}  # fmt: skip
+
+        return list(utils.traverse(data, replace, utils.is_file_obj_with_meta))
+
+    async def cancel(self) -> None:
+        """Cancel the call on the Space (``POST cancel``; once the join returned, or as
+        soon as it does); its result raises :class:`CallCancelled` from now on."""
+        if self.done:
+            return
+        self._cancel_requested = True
+        self._fail(CallCancelled("the call was cancelled"))
+        if self.event_id is not None:
+            await self.session._cancel(self)
+
+    def _on_message(self, msg: dict[str, Any]) -> bool:
+        """Handle one message of this call; True when it was the last."""
+        kind = msg.get("msg")
+        event = status_event(msg)
+        if event is not None:
+            self._event(event)
+            return False
+        if kind in ("process_generating", "process_streaming"):
+            output = msg.get("output") or {}
+            if msg.get("success", True) and isinstance(output.get("data"), list):
+                data = self._apply_diff(kind, list(output["data"]))
+                value = shape_output(self.endpoint, data)
+                self._event(UpstreamPartial(self.outputs.total, value))
+                self.outputs.append(value)
+            return False
+        if kind == "process_completed":
+            self._complete(msg)
+            return True
+        if kind in ("unexpected_error", "server_stopped"):
+            self._fail(SessionDropped(str(msg.get("message") or kind)))
+            return True
+        return False
+
+    def _apply_diff(self, kind: Any, data: list[Any]) -> list[Any]:
+        """Partial outputs after the first are diffs on sse_v2+ (gradio_client
+        utils.py ``stream_sse_v1plus``)."""
+        if kind != "process_generating" or self.session.app.protocol not in DIFF_PROTOCOLS:
+            return data
+        if self._diffed is None:
+            self._diffed = list(data)
+            return data
+        for i, diff in enumerate(data):
+            if i >= len(self._diffed):
+                self._diffed.append(None)
+            self._diffed[i] = utils.apply_diff(self._diffed[i], diff)
+        return list(self._diffed)
+
+    def _complete(self, msg: dict[str, Any]) -> None:
+        output = dict(msg.get("output") or {})
+        success = bool(msg.get("success", True))
+        self._event(UpstreamDone(success and "data" in output))
+        if self.done:
+            self._close_feeds()
+            return
+        if not success or "error" in output:
+            message = output.pop("error", None)
+            self._fail(_app_error(message, output))
+            return
+        if "data" not in output:  # completed empty: the Space cancelled it
+            self._fail(CallCancelled("the Space cancelled the call"))
+            return
+        value = shape_output(self.endpoint, list(output["data"]))
+        if self.outputs.total == 0:
+            self.outputs.append(value)
+        self.result.set_result(value)
+        self._close_feeds()
+
+    def _event(self, event: UpstreamEvent) -> None:
+        self.events.append(event)
+
+    def _fail(self, error: BaseException) -> None:
+        if not self.result.done():
+            self.result.set_exception(error)
+        self._close_feeds()
+
+    def _close_feeds(self) -> None:
+        self.outputs.close()
+        self.events.close()
+
+
+def _app_error(message: Any, rest: dict[str, Any]) -> AppError:
+    """gradio_client client.py ``make_predict``: the app's error as ``AppError``."""
+    if message is None:
+        return AppError(
+            "The upstream Gradio app has raised an exception but has not enabled "
+            "verbose error reporting. To enable, set show_error=True in launch()."
+        )
+    try:
+        return AppError(message=str(message), **rest)
+    except TypeError:
+        return AppError(str(message))
+
+
+def _retrieve(future: asyncio.Future[Any]) -> None:
+    if not future.cancelled():
+        future.exception()

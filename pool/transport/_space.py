@@ -1,0 +1,203 @@
+"""One Space's HTTP side: a single ``httpx.AsyncClient``, its config, its files.
+
+Every request to a Space goes through one client (keep-alive connections, cookies kept
+from ``/config`` for replica affinity, as gradio_client ``Client._get_config`` does).
+The client's limits follow the pool's rule of ``min_size``–``max_size`` sessions per
+Space: a running session holds its data stream and, where the app asks for it, its
+heartbeat, and makes short requests (join, upload, cancel, download) beside them, so
+up to three connections per session may be open and ``min_size`` stay warm.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import mimetypes
+import os
+import secrets
+import ssl
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import httpx
+from gradio_client import utils
+from gradio_client.exceptions import AuthenticationError
+
+from ._app import AppInfo
+from ._files import TooLarge, file_url, safe_name
+
+_CHUNK = 64 * 1024
+_CONNS_PER_SESSION = 3
+_MAX_REDIRECTS = 3
+# Failures of a request that reused a kept-alive connection the server had closed:
+# the request never reached it, so it is safe to send again on a fresh connection.
+_STALE = (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError)
+
+
+class Downloaded:
+    """A file written by :meth:`SpaceTransport.download`."""
+
+    __slots__ = ("mime_type", "path", "size")
+
+    def __init__(self, path: Path, size: int, mime_type: str) -> None:
+        self.path, self.size, self.mime_type = path, size, mime_type
+
+
+class ShortBody(Exception):
+    """A file body ended before the ``size`` its FileData announced."""
+
+
+class SpaceTransport:
+    """The HTTP client of one Space and its cached :class:`AppInfo` (per ``app_id``)."""
+
+    def __init__(
+        self,
+        src: str,
+        *,
+        token: str | None = None,
+        connect_timeout_s: float = 10.0,
+        read_timeout_s: float = 60.0,
+        min_size: int = 5,
+        max_size: int = 50,
+        verify: ssl.SSLContext | bool = True,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ) -> None:
+        self.src = src if src.endswith("/") else src + "/"
+        headers = {"user-agent": "spacepool"}
+        if token:  # as gradio_client sends it: the Hub strips `authorization`
+            headers["x-hf-authorization"] = f"Bearer {token}"
+        self.timeout = httpx.Timeout(connect_timeout_s, read=read_timeout_s)
+        self.http = httpx.AsyncClient(
+            headers=headers,
+            timeout=self.timeout,
+            verify=verify,
+            limits=httpx.Limits(
+                max_connections=_CONNS_PER_SESSION * max_size,
+                max_keepalive_connections=max(min_size, 1) * _CONNS_PER_SESSION,
+            ),
+            transport=transport,
+        )
+        self._app: AppInfo | None = None
+        self._loading: asyncio.Lock | None = None
+
+    @property
+    def app(self) -> AppInfo | None:
+        """The last :class:`AppInfo` read (None before the first :meth:`load`)."""
+        return self._app
+
+    async def load(self) -> AppInfo:
+        """The Space's :class:`AppInfo`: read once, then again only when its ``app_id``
+        changed (one small ``gradio_api/app_id`` request checks)."""
+        if self._loading is None:
+            self._loading = asyncio.Lock()
+        async with self._loading:
+            app = self._app
+            if app is not None:
+                response = await self.http.get(app.url("app_id"))
+                response.raise_for_status()
+                if response.json().get("app_id") == app.app_id:
+                    return app
+            self._app = await self._read()
+            return self._app
+
+    async def _read(self) -> AppInfo:
+        # gradio_client client.py ``_get_config`` / ``_get_api_info``: GET {src}config,
+        # then GET {prefix}/info?serialize=False.
+        response = await self.http.get(self.src + utils.CONFIG_URL)
+        if response.status_code == 401:
+            raise AuthenticationError(f"Could not load {self.src}: credentials needed.")
+        if response.status_code == 429:
+            raise utils.TooManyRequestsError("Too many requests to the API.")
+        response.raise_for_status()
+        config = response.json()
+        app = AppInfo(self.src, config, {})  # ProtocolNotSupported before asking for more
+        info = await self.http.get(app.url(utils.RAW_API_INFO_URL))
+        info.raise_for_status()
+        return AppInfo(self.src, config, info.json())
+
+    async def upload(
+        self, path: str, headers: Mapping[str, str], max_file_size: int | None
+    ) -> str:
+        """``POST upload`` of one local file (multipart field ``files``, gradio/routes.py
+        ``upload_file``); its path on the Space."""
+        app = self._app or await self.load()
+        # A local file: its size and chunks are read on the loop (short, no network).
+        if max_file_size is not None and os.path.getsize(path) > max_file_size:  # noqa: ASYNC240
+            raise ValueError(f"File {path} exceeds the maximum file size of {max_file_size} bytes")
+        with open(path, "rb") as f:  # noqa: ASYNC230
+            files = [("files", (Path(path).name, f))]
+            response = await self.http.post(app.url(utils.UPLOAD_URL), files=files,
+                                            headers=dict(headers))  # fmt: skip
+        response.raise_for_status()
+        return str(response.json()[0])
+
+    async def download(
+        self,
+        data: dict[str, Any],
+        directory: str | os.PathLike[str],
+        *,
+        max_bytes: int,
+        headers: Mapping[str, str] | None = None,
+    ) -> Downloaded:
+        """One output file into ``directory``, through this Space's client.
+
+        A request that fails on a kept-alive connection the server closed is sent once
+        more (the pool then opens a fresh one); a body shorter than the FileData's
+        ``size`` raises :class:`ShortBody`; more than ``max_bytes``, :class:`TooLarge`.
+        The file is removed on any failure; the caller bounds the time.
+        """
+        app = self._app or await self.load()
+        folder = Path(directory)
+        os.makedirs(folder, exist_ok=True)
+        name = safe_name(data.get("orig_name") or data["path"])
+        target = folder / f"{secrets.token_hex(8)}-{name}"
+        try:
+            try:
+                size, mime = await self._fetch(app, data, target, max_bytes, headers)
+            except _STALE:
+                size, mime = await self._fetch(app, data, target, max_bytes, headers)
+        except BaseException:
+            target.unlink(missing_ok=True)
+            raise
+        announced = data.get("size")
+        if isinstance(announced, int) and size < announced:
+            target.unlink(missing_ok=True)
+            raise ShortBody(f"got {size} of the {announced} bytes announced")
+        if not mime or mime == "application/octet-stream":
+            mime = mimetypes.guess_type(name)[0] or "application/octet-stream"
+        return Downloaded(target, size, mime)
+
+    async def _fetch(
+        self, app: AppInfo, data: dict[str, Any], target: Path, max_bytes: int,
+        headers: Mapping[str, str] | None,
+    ) -> tuple[int, str]:  # fmt: skip
+        url = httpx.URL(file_url(app.prefixed, data))
+        origin = (url.scheme, url.host, url.port)
+        for _ in range(_MAX_REDIRECTS + 1):
+            async with self.http.stream("GET", url, headers=dict(headers or {})) as response:
+                if response.is_redirect and "location" in response.headers:
+                    url = url.join(response.headers["location"])
+                    if (url.scheme, url.host, url.port) != origin:
+                        raise httpx.HTTPStatusError(
+                            "the Space redirected a file elsewhere",
+                            request=response.request, response=response,
+                        )
+                    continue
+                response.raise_for_status()
+                announced = response.headers.get("content-length", "")
+                if announced.isdigit() and int(announced) > max_bytes:
+                    raise TooLarge(max_bytes)
+                size = 0
+                with target.open("wb") as out:
+                    async for chunk in response.aiter_bytes(_CHUNK):
+                        size += len(chunk)
+                        if size > max_bytes:
+                            raise TooLarge(max_bytes)
+                        out.write(chunk)
+                return size, response.headers.get("content-type", "").split(";")[0].strip()
+        raise httpx.TooManyRedirects("too many redirects for an output file")
+
+    async def aclose(self) -> None:
+        with contextlib.suppress(Exception):
+            await self.http.aclose()
