@@ -162,8 +162,8 @@ class Session:
                         if kind == "heartbeat":
                             continue
                         if kind == "close_stream":
-                            ended = True
-                            break
+                            ended = True  # the server ends the body next: read to its
+                            continue  # end, so that the connection stays alive for reuse
                         self._dispatch(msg)
                 if not ended:
                     raise SessionDropped("the Space closed the session's stream")
@@ -230,6 +230,11 @@ class Call:
     def done(self) -> bool:
         return self.result.done()
 
+    @property
+    def named(self) -> bool:
+        """Whether the Space has named the call (its join returned an event id)."""
+        return self.event_id is not None
+
     async def _run(self) -> None:
         try:
             data = await self._upload(self._data)
@@ -272,14 +277,17 @@ class Call:
         return list(utils.traverse(data, replace, utils.is_file_obj_with_meta))
 
     async def cancel(self) -> None:
-        """Cancel the call on the Space (``POST cancel``; once the join returned, or as
-        soon as it does); its result raises :class:`CallCancelled` from now on."""
+        """Cancel the call on the Space (``POST cancel``; for a call still joining, as
+        soon as the join returns: a Space must not run it unwatched); its result
+        raises :class:`CallCancelled` from now on. Returns once the cancel is sent."""
         if self.done:
             return
         self._cancel_requested = True
         self._fail(CallCancelled("the call was cancelled"))
         if self.event_id is not None:
             await self.session._cancel(self)
+        elif self._task is not None:  # _run posts the cancel after the join
+            await asyncio.shield(self._task)
 
     def _on_message(self, msg: dict[str, Any]) -> bool:
         """Handle one message of this call; True when it was the last."""
