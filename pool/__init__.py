@@ -18,12 +18,20 @@
             print(text)
     await get_pool().predict("/chat", "hi", on_partial=show)   # managed: show(Partial)
 
+    async with get_client() as client:    # every protocol message, typed
+        job = await client.submit("hi", 2, api_name="/echo", headers={"x-ip-token": t})
+        async for event in job.events():  # UpstreamQueued(rank, queue_size, eta_s), ...
+            print(event)
+    await get_pool().predict("/echo", "hi", 0, on_event=show_event, headers={...})
+
     stats = await get_pool().stats()      # the pool-stats dict
     await get_pool().aclose()             # close every connection
 
 ``get_pool()`` is the process-wide pool built lazily from ``POOL_*`` settings; nothing
 connects at import or construction time. Resilience (adaptive window, breakers,
-sleeping Spaces, ``SpaceControl``) lives in :mod:`pool.resilience`.
+sleeping Spaces, ``SpaceControl``) lives in :mod:`pool.resilience`; the Gradio wire
+protocol in :mod:`pool.transport` (``POOL_TRANSPORT=gradio_client`` falls back to a
+``gradio_client.Client`` per connection).
 """
 
 from __future__ import annotations
@@ -58,6 +66,16 @@ from ._pool import Pool, Prediction
 from ._settings import PoolSettings
 from ._spaces import SpaceSpec, parse_space, parse_spaces
 from .admission import WaitTicket
+from .transport import (
+    ProgressUnit,
+    UpstreamDone,
+    UpstreamEvent,
+    UpstreamLog,
+    UpstreamPartial,
+    UpstreamProgress,
+    UpstreamQueued,
+    UpstreamStarted,
+)
 
 _pool: Pool | None = None
 _pool_lock = threading.Lock()
@@ -113,13 +131,21 @@ __all__ = [
     "PooledClient",
     "PooledJob",
     "Prediction",
+    "ProgressUnit",
     "RefusedByPolicy",
     "SpaceSpec",
     "UnknownEndpoint",
     "UnknownSpace",
     "UpstreamAppError",
+    "UpstreamDone",
     "UpstreamError",
+    "UpstreamEvent",
     "UpstreamFileError",
+    "UpstreamLog",
+    "UpstreamPartial",
+    "UpstreamProgress",
+    "UpstreamQueued",
+    "UpstreamStarted",
     "UpstreamTransportError",
     "WaitTicket",
     "check_outbound",

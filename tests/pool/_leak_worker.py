@@ -5,7 +5,8 @@
     python -m tests.pool._leak_worker stuck --store URL --freeze-pid PID  # Space frozen
 
 ``POOL_SPACES`` names two stand-in Spaces (alpha, beta), or for ``stuck`` one (ice)
-whose process the worker freezes (SIGSTOP) and thaws again. Prints one JSON line:
+whose process the worker freezes (SIGSTOP) and thaws again; ``POOL_TRANSPORT`` picks
+the transport (native by default). Prints one JSON line:
 ``{"baseline": S, "peak": S, "after": S, "close_s": seconds, ...}`` where each S is
 ``{"threads": [names], "non_daemon": [names], "os_threads": n, "fds": {fd: target}}``.
 The baseline is taken once everything is imported and the event loop runs, before the
@@ -35,7 +36,9 @@ import httpx
 import psutil
 import redis.asyncio  # noqa: F401
 
-from pool import DeadlineExceeded, Pool, PoolError, PoolSettings
+from pool import DeadlineExceeded, Pool, PoolError, PoolSettings, UpstreamStarted
+
+NATIVE = os.environ.get("POOL_TRANSPORT", "native") == "native"
 
 _BOUND_S = 10.0  # every wait below gives up after this
 
@@ -87,11 +90,12 @@ async def until(check: Any, what: str) -> None:
 
 async def use_hard(pool: Pool, peak: list[dict[str, Any]]) -> None:
     """Parallel predicts on both Spaces, a job cancelled mid-run, a timeout, a health
-    round, connections reaped; ``peak`` gets the snapshot with the most threads."""
+    round, connections reaped; ``peak`` gets the snapshot with the most threads (then fds)."""
 
     def note() -> None:
         snap = snapshot()
-        if not peak or len(snap["threads"]) > len(peak[0]["threads"]):
+        size = (len(snap["threads"]), len(snap["fds"]))
+        if not peak or size > (len(peak[0]["threads"]), len(peak[0]["fds"])):
             peak[:] = [snap]
 
     async def sample() -> None:  # the peak, sampled every 20 ms while the work runs
@@ -122,7 +126,13 @@ async def running_job(pool: Pool, space: str) -> asyncio.Task[Any]:
 
     task = loop.create_task(hold())
     job = await asyncio.wait_for(running, _BOUND_S)
-    await until(lambda: job.status().code == Status.PROCESSING, "the job runs")
+    if NATIVE:
+        async with asyncio.timeout(_BOUND_S):
+            async for event in job.events():
+                if isinstance(event, UpstreamStarted):
+                    break
+    else:
+        await until(lambda: job.status().code == Status.PROCESSING, "the job runs")
     return task
 
 
@@ -206,6 +216,22 @@ async def run_stuck(store: str, freeze_pid: int) -> dict[str, Any]:
             if c.raddr and c.raddr.port == port and c.status == psutil.CONN_ESTABLISHED
         )
 
+    def unread_at_ice() -> int:
+        """Sockets of the frozen Space holding request bytes it has not read (the
+        kernel still accepts them: /proc/net/tcp's rx_queue). The native transport
+        reuses kept-alive connections, so counting connections would not tell."""
+        count = 0
+        with open("/proc/net/tcp") as table:
+            for line in list(table)[1:]:
+                fields = line.split()
+                local, state, queues = fields[1], fields[3], fields[4]
+                established = state == "01"  # (a closed one holds its FIN there)
+                if int(local.split(":")[1], 16) == port and established and int(
+                    queues.split(":")[1], 16
+                ):
+                    count += 1
+        return count
+
     async def job() -> Any:
         async with pool.client(space="ice") as handle:  # the idle connection
             return await handle.predict("stuck", 0.0, api_name="/echo")
@@ -218,12 +244,19 @@ async def run_stuck(store: str, freeze_pid: int) -> dict[str, Any]:
     tasks: list[asyncio.Task[Any]] = []
     try:
         await pool.predict("/echo", "warm", 0.0, space="ice", timeout=_BOUND_S)
-        await until(lambda: to_ice() == 1, "only the heartbeat stream is open")
-        os.kill(freeze_pid, signal.SIGSTOP)
-        tasks.append(loop.create_task(job()))
-        await until(lambda: to_ice() == 2, "the job's /queue/join is sent")
-        tasks.append(loop.create_task(second()))
-        await until(lambda: to_ice() == 3, "the new Client's /config is sent")
+        if NATIVE:
+            os.kill(freeze_pid, signal.SIGSTOP)
+            tasks.append(loop.create_task(job()))
+            await until(lambda: unread_at_ice() == 1, "the job's /queue/join is sent")
+            tasks.append(loop.create_task(second()))
+            await until(lambda: unread_at_ice() == 2, "the new connection's probe is sent")
+        else:
+            await until(lambda: to_ice() == 1, "only the heartbeat stream is open")
+            os.kill(freeze_pid, signal.SIGSTOP)
+            tasks.append(loop.create_task(job()))
+            await until(lambda: to_ice() == 2, "the job's /queue/join is sent")
+            tasks.append(loop.create_task(second()))
+            await until(lambda: to_ice() == 3, "the new Client's /config is sent")
         peak = snapshot()
     finally:
         began = time.monotonic()

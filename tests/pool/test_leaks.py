@@ -35,11 +35,12 @@ _CLOSE_BOUND_S = 3.0  # measured 0.02-0.12 s; a loaded 2-core machine gets margi
 
 
 def _run(
-    what: str, store: str, spaces: str, tmp_path: Path, *extra: str
+    what: str, store: str, spaces: str, tmp_path: Path, *extra: str, transport: str = "native"
 ) -> dict[str, Any]:
     """One worker run over a fresh store of kind ``store``: its measurement."""
     with contextlib.contextmanager(make_url)(store, tmp_path) as url:
-        env = {**os.environ, "POOL_SPACES": spaces, "PYTHONPATH": str(ROOT)}
+        env = {**os.environ, "POOL_SPACES": spaces, "PYTHONPATH": str(ROOT),
+               "POOL_TRANSPORT": transport}  # fmt: skip
         command = [sys.executable, "-W", "error", "-W", "ignore::DeprecationWarning",
                    "-W", "always::ResourceWarning",
                    "-m", "tests.pool._leak_worker", what, "--store", url, *extra]  # fmt: skip
@@ -53,12 +54,18 @@ def _run(
     return result
 
 
-def _assert_back_to_baseline(result: dict[str, Any], *, min_threads: int = 10) -> None:
+def _assert_back_to_baseline(
+    result: dict[str, Any], *, min_threads: int = 10, transport: str = "native"
+) -> None:
     base, peak, after = result["baseline"], result["peak"], result["after"]
     # The run really opened what must be closed (else this test could not fail).
-    assert any("_stream_heartbeat" in name for name in peak["threads"]), peak["threads"]
-    assert any(name.startswith("spacepool-io") for name in peak["threads"]), peak["threads"]
-    assert len(peak["threads"]) >= len(base["threads"]) + min_threads, peak["threads"]
+    if transport == "native":  # sockets, no thread (a SQLite store has its own one)
+        extra = set(peak["threads"]) - set(base["threads"]) - {"spacepool-sqlite"}
+        assert not extra, peak["threads"]
+    else:
+        assert any("_stream_heartbeat" in name for name in peak["threads"]), peak["threads"]
+        assert any(name.startswith("spacepool-io") for name in peak["threads"]), peak["threads"]
+        assert len(peak["threads"]) >= len(base["threads"]) + min_threads, peak["threads"]
     assert len(peak["fds"]) > len(base["fds"]), peak["fds"]
     assert after["threads"] == base["threads"], after["threads"]
     assert after["non_daemon"] == base["non_daemon"]
@@ -67,13 +74,16 @@ def _assert_back_to_baseline(result: dict[str, Any], *, min_threads: int = 10) -
     assert result["close_s"] < _CLOSE_BOUND_S, result["close_s"]
 
 
-@pytest.mark.parametrize("store", STORES)
+@pytest.mark.parametrize(
+    ("store", "transport"), [*((s, "native") for s in STORES), ("memory", "gradio_client")]
+)
 def test_pool_aclose_returns_threads_and_fds_to_baseline(
-    store: str, clean_fleet: SpaceFleet, tmp_path: Path
+    store: str, transport: str, clean_fleet: SpaceFleet, tmp_path: Path
 ) -> None:
-    """Pool.aclose() ends every thread and closes every fd the pool opened, per store."""
-    result = _run("pool", store, clean_fleet.pool_spaces_env(), tmp_path)
-    _assert_back_to_baseline(result)
+    """Pool.aclose() ends every thread and closes every fd the pool opened, per store
+    (and on the fallback transport); the native transport opens no thread at all."""
+    result = _run("pool", store, clean_fleet.pool_spaces_env(), tmp_path, transport=transport)
+    _assert_back_to_baseline(result, transport=transport)
     if store == "sqlite":
         assert any(n == "spacepool-sqlite" for n in result["peak"]["threads"])
     # The job still running at close failed with a typed error; it did not run on.
@@ -91,17 +101,19 @@ def test_service_shutdown_returns_threads_and_fds_to_baseline(
     _assert_back_to_baseline(_run("app", store, clean_fleet.pool_spaces_env(), tmp_path))
 
 
-def test_aclose_cuts_requests_to_a_space_that_stopped_answering(tmp_path: Path) -> None:
-    """A frozen Space: aclose() ends a job waiting on /queue/join and a Client waiting on
-    /config at once (not at the 30 s read timeout), and leaves nothing behind."""
+@pytest.mark.parametrize("transport", ["native", "gradio_client"])
+def test_aclose_cuts_requests_to_a_space_that_stopped_answering(
+    transport: str, tmp_path: Path
+) -> None:
+    """A frozen Space: aclose() ends a job waiting on /queue/join and a connection being
+    opened at once (not at the 30 s read timeout), and leaves nothing behind."""
     with SpaceProcess("ice") as ice:
         try:
-            result = _run(
-                "stuck", "memory", f"ice={ice.url}", tmp_path, "--freeze-pid", str(ice.pid)
-            )
+            result = _run("stuck", "memory", f"ice={ice.url}", tmp_path,
+                          "--freeze-pid", str(ice.pid), transport=transport)  # fmt: skip
         finally:
             os.kill(ice.pid, signal.SIGCONT)  # the worker thaws it too; never leave it frozen
-    _assert_back_to_baseline(result, min_threads=3)
+    _assert_back_to_baseline(result, min_threads=3, transport=transport)
     # The waiting job fails as cancelled by the close; the connection being opened too.
     assert result["outcomes"] == ["PoolClosedError", "PoolClosedError"], result
 
