@@ -32,7 +32,8 @@ import httpx
 
 from ._exceptions import UpstreamFileError
 from ._native import NativeClient
-from .transport import ShortBody, TooLarge, file_url, safe_name
+from .transport import ShortBody, TooLarge, file_url
+from .transport import safe_name as safe_name  # (app/_inputs.py imports it from here)
 
 _MAX_DEPTH = 64
 _MAX_REDIRECTS = 3
