@@ -44,7 +44,7 @@ from fastapi.exceptions import RequestValidationError
 from pydantic import ValidationError
 from starlette.datastructures import UploadFile
 
-from pool import InvalidRequest, Partial, Pool, Prediction, WaitTicket, file_arg
+from pool import InvalidRequest, Partial, Pool, Prediction, UpstreamEvent, WaitTicket, file_arg
 from pool._files import safe_name
 
 from ._errors import UploadTooLarge
@@ -81,6 +81,7 @@ class Call:
         ticket: WaitTicket | None = None,
         on_admitted: Callable[[str], Awaitable[None]] | None = None,
         on_partial: Callable[[Partial], Awaitable[None]] | None = None,
+        on_event: Callable[[UpstreamEvent], Awaitable[None]] | None = None,
     ) -> Prediction:
         """``pool.predict`` of this request, its file arguments in place (one place for
         the predict, the streamed predict and the job)."""
@@ -98,6 +99,7 @@ class Call:
             on_admitted=on_admitted,
             on_partial=on_partial,
             download_to=download_to,
+            on_event=on_event,
         )
 
     def cleanup(self) -> None:

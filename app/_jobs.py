@@ -42,13 +42,14 @@ from dataclasses import dataclass, field, fields, replace
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
-from pool import Partial, WaitTicket, get_pool
+from pool import Partial, UpstreamEvent, WaitTicket, get_pool
 
 from ._errors import JobsFull, describe
 from ._files import FileOutput
 from ._inputs import Call
 from ._schemas import FINAL_STAGES, PredictRequest, to_jsonable
 from ._settings import ServiceSettings
+from ._upstream import UpstreamView
 
 _log = logging.getLogger("spacepool.app")
 _HISTORY = 32
@@ -77,6 +78,10 @@ class JobRecord:
     duration_ms: float | None = None
     partial: Any = None  # the latest partial output (JSON already), while streaming
     partial_index: int | None = None
+    upstream_rank: int | None = None  # app/_upstream.py: what the Space says
+    upstream_eta_s: float | None = None
+    progress: list[dict[str, Any]] | None = None
+    log: dict[str, Any] | None = None
 
     @property
     def final(self) -> bool:
@@ -95,7 +100,8 @@ class JobRecord:
             out["queue_position"] = self.queue_position
             if self.estimate_s is not None:
                 out["estimate_s"] = self.estimate_s
-        for key in ("space", "queued_ms", "duration_ms", "error"):
+        for key in ("space", "queued_ms", "duration_ms", "error", "upstream_rank",
+                    "upstream_eta_s", "progress", "log"):  # fmt: skip
             value = getattr(self, key)
             if value is not None:
                 out[key] = value
@@ -388,6 +394,12 @@ class JobRunner:
                     partial_index=p.index,
                 )
 
+            view = UpstreamView()
+
+            async def upstream(event: UpstreamEvent) -> None:
+                if (changed := view.update(event)) is not None:
+                    await self.store.update(job_id, **changed)
+
             try:
                 done = await call.predict(
                     pool,
@@ -397,6 +409,7 @@ class JobRunner:
                     on_admitted=admitted,
                     on_partial=partial,
                     download_to=files.store.partial if files is not None else None,
+                    on_event=upstream,
                 )
             finally:
                 follower.cancel()

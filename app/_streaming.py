@@ -6,6 +6,8 @@ that fills a :class:`LatestEvents` buffer; the response reads from it. Every eve
 
     {"stage": "running", "space": "alpha"}                          admitted
     {"stage": "running", "space": "alpha", "partial": ..., "partial_index": 0}
+    {"stage": "running", "space": "alpha", "upstream_rank": 0, "upstream_eta_s": 1.5}
+    {"stage": "running", "space": "alpha", "progress": [...], "log": {...}}   (_upstream.py)
     {"stage": "done", "space", "result", "queued_ms", "duration_ms", "attempts"}
     event: error
     {"stage": "failed", "status": 502, "error": "upstream", "message": ..., "request_id"}
@@ -35,7 +37,7 @@ from fastapi import Request
 from fastapi.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
-from pool import Partial, Pool
+from pool import Partial, Pool, UpstreamEvent
 
 from ._errors import describe
 from ._files import FileOutput
@@ -43,6 +45,7 @@ from ._inputs import Call
 from ._logging import RequestContext, context_of
 from ._schemas import PredictRequest, to_jsonable
 from ._settings import ServiceSettings
+from ._upstream import UpstreamView
 
 _log = logging.getLogger("spacepool.app")
 KEEPALIVE_S = 15.0
@@ -70,6 +73,7 @@ class LatestEvents:
         self.admitted: list[str] = []  # Spaces that took the call (a retry adds one)
         self.final: dict[str, Any] | BaseException | None = None
         self.dropped = 0
+        self.upstream: dict[str, Any] | None = None  # fields not sent yet (app/_upstream.py)
         self.changed = asyncio.Event()
 
     def admit(self, space: str) -> None:
@@ -80,6 +84,10 @@ class LatestEvents:
         if len(self.partials) == self.partials.maxlen:
             self.dropped += 1
         self.partials.append((space, partial))
+        self.changed.set()
+
+    def note(self, fields: dict[str, Any]) -> None:
+        self.upstream = {**(self.upstream or {}), **fields}
         self.changed.set()
 
     def finish(self, final: dict[str, Any] | BaseException) -> None:
@@ -112,6 +120,12 @@ async def open_stream(
     async def partial(p: Partial) -> None:
         events.partial(ctx.space or "", p)
 
+    view = UpstreamView()
+
+    async def upstream(event: UpstreamEvent) -> None:
+        if (fields := view.update(event)) is not None:
+            events.note(fields)
+
     async def run() -> None:
         try:
             done = await call.predict(
@@ -120,6 +134,7 @@ async def open_stream(
                 on_admitted=admitted,
                 on_partial=partial,
                 download_to=files.store.partial,
+                on_event=upstream,
             )
         except Exception as exc:
             events.finish(exc)
@@ -197,6 +212,9 @@ async def _read(
             admitted, partials = events.take()
             for space in admitted:
                 yield _sse({"stage": "running", "space": space})
+            if (upstream := events.upstream) is not None and final is None:
+                events.upstream = None
+                yield _sse({"stage": "running", "space": ctx.space, **upstream})
             for space, p in partials:
                 yield _sse(
                     {
