@@ -42,6 +42,7 @@ from ._feed import Feed
 from ._space import SpaceTransport
 
 EVENTS_KEEP = 256  # events kept per call for a reader that falls behind
+_READER_END_S = 0.5  # closing: how long an idle reader may take to see its stream end
 
 
 class SessionDropped(Exception):
@@ -193,6 +194,12 @@ class Session:
         """End the reader, the heartbeat and every call still joining; calls still
         pending fail with :class:`SessionDropped`."""
         self.closed = True
+        reader = self._reader
+        if reader is not None and not reader.done() and not self._calls:
+            # Nothing pending: the server is ending the stream; let it, so that its
+            # connection goes back to the pool instead of being cut.
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.shield(reader), _READER_END_S)
         tasks = [t for t in (self._reader, self._heartbeat) if t is not None]
         tasks += [c._task for c in self._all if c._task is not None]
         for task in tasks:
