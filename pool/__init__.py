@@ -62,7 +62,8 @@ from ._exceptions import (
 from ._files import LocalFile, file_arg, is_file_data
 from ._guard import check_outbound
 from ._handle import Partial, PooledClient, PooledJob
-from ._pool import Pool, Prediction
+from ._pool import Pool
+from ._request import Prediction
 from ._settings import PoolSettings
 from ._spaces import SpaceSpec, parse_space, parse_spaces
 from .admission import WaitTicket
