@@ -20,9 +20,7 @@ uploads to the Space when the job starts.
 
 from __future__ import annotations
 
-import mimetypes
 import os
-import secrets
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,12 +30,10 @@ import httpx
 
 from ._exceptions import UpstreamFileError
 from ._native import NativeClient
-from .transport import ShortBody, TooLarge, file_url
+from .transport import Redirected, ShortBody, TooLarge, download_to, file_url
 from .transport import safe_name as safe_name  # (app/_inputs.py imports it from here)
 
 _MAX_DEPTH = 64
-_MAX_REDIRECTS = 3
-_CHUNK = 64 * 1024
 _TIMEOUT = httpx.Timeout(10.0, read=60.0)  # per read; the caller bounds the whole
 
 
@@ -127,71 +123,29 @@ async def fetch(
     ``file_fetch``); a partial file is removed. The caller bounds the time.
     """
     name = safe_name(data.get("orig_name") or data["path"])
-    if isinstance(client, NativeClient):
-        try:
+    try:
+        if isinstance(client, NativeClient):
             got = await client.transport.download(data, directory, max_bytes=max_bytes,
                                                   headers=headers)  # fmt: skip
-        except TooLarge:
-            raise _too_large(max_bytes) from None
-        except ShortBody as exc:
-            raise UpstreamFileError(f"an output file was cut short ({exc})") from exc
-        except httpx.HTTPStatusError as exc:
-            raise UpstreamFileError(
-                f"the Space answered HTTP {exc.response.status_code} for an output file"
-            ) from exc
-        except httpx.HTTPError as exc:
-            raise UpstreamFileError(
-                f"could not fetch an output file ({type(exc).__name__})"
-            ) from exc
-        return LocalFile(got.path, name, got.size, got.mime_type, dict(data))
-    assert http is not None
-    # Local disk work (a directory, 64 KiB writes) stays on the loop: it is short.
-    folder = Path(directory)
-    os.makedirs(folder, exist_ok=True)
-    target = folder / f"{secrets.token_hex(8)}-{name}"
-    url = httpx.URL(source_url(client, data))
-    origin = (url.scheme, url.host, url.port)
-    headers = {**(getattr(client, "headers", None) or {}), **(headers or {})}
-    cookies = getattr(client, "cookies", None) or {}
-    if cookies:  # (per-request cookies= is deprecated in httpx)
-        headers["Cookie"] = "; ".join(f"{k}={v}" for k, v in cookies.items())
-    size = 0
-    try:
-        for _ in range(_MAX_REDIRECTS + 1):
-            async with http.stream(
-                "GET", url, headers=headers, timeout=_TIMEOUT
-            ) as response:
-                if response.is_redirect and "location" in response.headers:
-                    url = url.join(response.headers["location"])
-                    if (url.scheme, url.host, url.port) != origin:
-                        raise UpstreamFileError("the Space redirected a file elsewhere")
-                    continue
-                if response.status_code != 200:
-                    raise UpstreamFileError(
-                        f"the Space answered HTTP {response.status_code} for an output file"
-                    )
-                announced = response.headers.get("content-length", "")
-                if announced.isdigit() and int(announced) > max_bytes:
-                    raise _too_large(max_bytes)
-                with target.open("wb") as out:
-                    async for chunk in response.aiter_bytes(_CHUNK):
-                        size += len(chunk)
-                        if size > max_bytes:
-                            raise _too_large(max_bytes)
-                        out.write(chunk)
-                mime = response.headers.get("content-type", "").split(";")[0].strip()
-                break
-        else:
-            raise UpstreamFileError("too many redirects for an output file")
+        else:  # the fallback: the Client's headers and cookies, the pool's HTTP client
+            assert http is not None
+            sent = {**(getattr(client, "headers", None) or {}), **(headers or {})}
+            if cookies := getattr(client, "cookies", None) or {}:  # (per-request cookies=
+                sent["Cookie"] = "; ".join(f"{k}={v}" for k, v in cookies.items())  # is gone)
+            url = source_url(client, data)
+            got = await download_to(http, url, directory, name, max_bytes=max_bytes,
+                                    headers=sent, timeout=_TIMEOUT)  # fmt: skip
+    except TooLarge:
+        raise _too_large(max_bytes) from None
+    except (ShortBody, Redirected) as exc:
+        raise UpstreamFileError(f"an output file could not be fetched: {exc}") from exc
+    except httpx.HTTPStatusError as exc:
+        raise UpstreamFileError(
+            f"the Space answered HTTP {exc.response.status_code} for an output file"
+        ) from exc
     except httpx.HTTPError as exc:
-        target.unlink(missing_ok=True)
         raise UpstreamFileError(f"could not fetch an output file ({type(exc).__name__})") from exc
-    except BaseException:
-        target.unlink(missing_ok=True)
-        raise
-    if not mime or mime == "application/octet-stream":
-        mime = mimetypes.guess_type(name)[0] or "application/octet-stream"
-    return LocalFile(target, name, size, mime, dict(data))
+    return LocalFile(got.path, name, got.size, got.mime_type, dict(data))
 
 
 def _too_large(limit: int) -> UpstreamFileError:

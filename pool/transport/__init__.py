@@ -42,9 +42,9 @@ from ._events import (
     UpstreamStarted,
 )
 from ._feed import Feed
-from ._files import TooLarge, file_url, safe_name
+from ._files import Downloaded, Redirected, TooLarge, download_to, file_url, safe_name
 from ._session import Call, CallCancelled, Session, SessionDropped
-from ._space import Downloaded, ShortBody, SpaceTransport
+from ._space import ShortBody, SpaceTransport
 
 __all__ = [
     "NATIVE_PROTOCOLS",
@@ -56,6 +56,7 @@ __all__ = [
     "Feed",
     "ProgressUnit",
     "ProtocolNotSupported",
+    "Redirected",
     "Session",
     "SessionDropped",
     "ShortBody",
@@ -68,6 +69,7 @@ __all__ = [
     "UpstreamProgress",
     "UpstreamQueued",
     "UpstreamStarted",
+    "download_to",
     "file_url",
     "safe_name",
 ]

@@ -2,14 +2,33 @@
 
 from __future__ import annotations
 
+import mimetypes
 import os
 import re
+import secrets
 import urllib.parse
+from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 import httpx
 
 _UNSAFE_NAME = re.compile(r"[^A-Za-z0-9._ -]+")
+_CHUNK = 64 * 1024
+_MAX_REDIRECTS = 3
+
+
+class Downloaded:
+    """A file written by :func:`download_to`."""
+
+    __slots__ = ("mime_type", "path", "size")
+
+    def __init__(self, path: Path, size: int, mime_type: str) -> None:
+        self.path, self.size, self.mime_type = path, size, mime_type
+
+
+class Redirected(Exception):
+    """The Space redirected a file request to another origin (not followed)."""
 
 
 class TooLarge(Exception):
@@ -45,3 +64,50 @@ def file_url(prefixed: str, data: dict[str, Any]) -> str:
         except httpx.InvalidURL:
             pass
     return root + "file=" + urllib.parse.quote(data["path"], safe="/")
+
+
+async def download_to(
+    http: httpx.AsyncClient,
+    url: str,
+    directory: str | os.PathLike[str],
+    name: str,
+    *,
+    max_bytes: int,
+    headers: Mapping[str, str] | None = None,
+    timeout: httpx.Timeout | None = None,
+) -> Downloaded:
+    """GET ``url`` into a new file named after ``name`` in ``directory``, following
+    redirects within its origin only; :class:`TooLarge` past ``max_bytes``,
+    :class:`Redirected`, or httpx's errors. The file is removed on any failure."""
+    folder = Path(directory)
+    os.makedirs(folder, exist_ok=True)
+    target = folder / f"{secrets.token_hex(8)}-{name}"
+    current = httpx.URL(url)
+    try:
+        for _ in range(_MAX_REDIRECTS + 1):
+            async with http.stream("GET", current, headers=dict(headers or {}),
+                                   timeout=timeout or http.timeout) as response:  # fmt: skip
+                if response.is_redirect and "location" in response.headers:
+                    current = current.join(response.headers["location"])
+                    if _origin(current) != _origin(httpx.URL(url)):
+                        raise Redirected("the Space redirected a file elsewhere")
+                    continue
+                response.raise_for_status()
+                announced = response.headers.get("content-length", "")
+                if announced.isdigit() and int(announced) > max_bytes:
+                    raise TooLarge(max_bytes)
+                size = 0
+                with target.open("wb") as out:
+                    async for chunk in response.aiter_bytes(_CHUNK):
+                        size += len(chunk)
+                        if size > max_bytes:
+                            raise TooLarge(max_bytes)
+                        out.write(chunk)
+                mime = response.headers.get("content-type", "").split(";")[0].strip()
+                if not mime or mime == "application/octet-stream":
+                    mime = mimetypes.guess_type(name)[0] or "application/octet-stream"
+                return Downloaded(target, size, mime)
+        raise httpx.TooManyRedirects("too many redirects for an output file")
+    except BaseException:
+        target.unlink(missing_ok=True)
+        raise

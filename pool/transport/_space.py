@@ -12,9 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import mimetypes
 import os
-import secrets
 import ssl
 from collections.abc import Mapping
 from pathlib import Path
@@ -25,23 +23,12 @@ from gradio_client import utils
 from gradio_client.exceptions import AuthenticationError
 
 from ._app import AppInfo
-from ._files import TooLarge, file_url, safe_name
+from ._files import Downloaded, download_to, file_url, safe_name
 
-_CHUNK = 64 * 1024
 _CONNS_PER_SESSION = 3
-_MAX_REDIRECTS = 3
 # Failures of a request that reused a kept-alive connection the server had closed:
 # the request never reached it, so it is safe to send again on a fresh connection.
 _STALE = (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError)
-
-
-class Downloaded:
-    """A file written by :meth:`SpaceTransport.download`."""
-
-    __slots__ = ("mime_type", "path", "size")
-
-    def __init__(self, path: Path, size: int, mime_type: str) -> None:
-        self.path, self.size, self.mime_type = path, size, mime_type
 
 
 class ShortBody(Exception):
@@ -148,55 +135,19 @@ class SpaceTransport:
         The file is removed on any failure; the caller bounds the time.
         """
         app = self._app or await self.load()
-        folder = Path(directory)
-        os.makedirs(folder, exist_ok=True)
+        url = file_url(app.prefixed, data)
         name = safe_name(data.get("orig_name") or data["path"])
-        target = folder / f"{secrets.token_hex(8)}-{name}"
         try:
-            try:
-                size, mime = await self._fetch(app, data, target, max_bytes, headers)
-            except _STALE:
-                size, mime = await self._fetch(app, data, target, max_bytes, headers)
-        except BaseException:
-            target.unlink(missing_ok=True)
-            raise
+            got = await download_to(self.http, url, directory, name, max_bytes=max_bytes,
+                                    headers=headers)  # fmt: skip
+        except _STALE:
+            got = await download_to(self.http, url, directory, name, max_bytes=max_bytes,
+                                    headers=headers)  # fmt: skip
         announced = data.get("size")
-        if isinstance(announced, int) and size < announced:
-            target.unlink(missing_ok=True)
-            raise ShortBody(f"got {size} of the {announced} bytes announced")
-        if not mime or mime == "application/octet-stream":
-            mime = mimetypes.guess_type(name)[0] or "application/octet-stream"
-        return Downloaded(target, size, mime)
-
-    async def _fetch(
-        self, app: AppInfo, data: dict[str, Any], target: Path, max_bytes: int,
-        headers: Mapping[str, str] | None,
-    ) -> tuple[int, str]:  # fmt: skip
-        url = httpx.URL(file_url(app.prefixed, data))
-        origin = (url.scheme, url.host, url.port)
-        for _ in range(_MAX_REDIRECTS + 1):
-            async with self.http.stream("GET", url, headers=dict(headers or {})) as response:
-                if response.is_redirect and "location" in response.headers:
-                    url = url.join(response.headers["location"])
-                    if (url.scheme, url.host, url.port) != origin:
-                        raise httpx.HTTPStatusError(
-                            "the Space redirected a file elsewhere",
-                            request=response.request, response=response,
-                        )
-                    continue
-                response.raise_for_status()
-                announced = response.headers.get("content-length", "")
-                if announced.isdigit() and int(announced) > max_bytes:
-                    raise TooLarge(max_bytes)
-                size = 0
-                with target.open("wb") as out:
-                    async for chunk in response.aiter_bytes(_CHUNK):
-                        size += len(chunk)
-                        if size > max_bytes:
-                            raise TooLarge(max_bytes)
-                        out.write(chunk)
-                return size, response.headers.get("content-type", "").split(";")[0].strip()
-        raise httpx.TooManyRedirects("too many redirects for an output file")
+        if isinstance(announced, int) and got.size < announced:
+            got.path.unlink(missing_ok=True)
+            raise ShortBody(f"got {got.size} of the {announced} bytes announced")
+        return got
 
     async def aclose(self) -> None:
         with contextlib.suppress(Exception):
