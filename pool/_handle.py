@@ -267,7 +267,9 @@ class PooledClient:
 
     @property
     def raw(self) -> Any:
-        """The underlying ``gradio_client.Client`` (escape hatch; do not keep it)."""
+        """The connection's client (escape hatch; do not keep it): a
+        :class:`pool._native.NativeClient` (its ``session``, ``transport``, ``app``) or,
+        on the fallback transport, the ``gradio_client.Client``."""
         return self._live().client
 
     @property

@@ -37,8 +37,7 @@ import httpx
 
 from ._exceptions import PoolClosedError
 from ._tls import shared_ssl_context
-from .transport import Feed, UpstreamDone, UpstreamPartial
-from .transport._session import EVENTS_KEEP
+from .transport import EVENTS_KEEP, Feed, UpstreamDone, UpstreamPartial
 
 NAME_WAIT_S = 5.0  # longest wait for a just-submitted job's event id, to cancel it
 

@@ -43,10 +43,11 @@ from ._events import (
 )
 from ._feed import Feed
 from ._files import Downloaded, Redirected, TooLarge, download_to, file_url, safe_name
-from ._session import Call, CallCancelled, Session, SessionDropped
+from ._session import EVENTS_KEEP, Call, CallCancelled, Session, SessionDropped
 from ._space import ShortBody, SpaceTransport
 
 __all__ = [
+    "EVENTS_KEEP",
     "NATIVE_PROTOCOLS",
     "AppInfo",
     "Call",
