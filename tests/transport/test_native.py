@@ -269,3 +269,36 @@ async def test_the_gradio_client_fallback_still_serves(space: SpaceProcess) -> N
     finally:
         await pool.aclose()
     assert done.result == "hdr:hi"
+
+
+async def test_the_job_events_carry_progress_and_log(space: SpaceProcess) -> None:
+    """GET /api/jobs/{id}/events: a job's events carry the Space's gr.Progress (progress)
+    and gr.Info/gr.Warning (log) as they happen; the final event is unchanged."""
+    import json
+
+    from app.main import create_app
+    from pool import set_pool
+
+    pool = _pool(space.url)
+    set_pool(pool)
+    application = create_app()
+    lifespan = application.router.lifespan_context(application)
+    await lifespan.__aenter__()
+    try:
+        transport = httpx.ASGITransport(app=application)
+        async with httpx.AsyncClient(transport=transport, base_url="http://service") as http:
+            made = await http.post("/api/jobs", json={"api_name": "/report", "args": ["j", 3]})
+            assert made.status_code == 202, made.text
+            seen: list[dict[str, Any]] = []
+            async with http.stream("GET", f"/api/jobs/{made.json()['job_id']}/events") as got:
+                async for line in got.aiter_lines():
+                    if line.startswith("data:"):
+                        seen.append(json.loads(line[5:]))
+    finally:
+        await lifespan.__aexit__(None, None, None)
+        set_pool(None)
+    assert seen[-1]["stage"] == "done" and seen[-1]["result"] == "done:j"
+    logs = [e["log"] for e in seen if "log" in e]
+    assert any(log["level"] == "info" and log["message"] == "info: j" for log in logs), seen
+    bars = [e["progress"] for e in seen if "progress" in e]
+    assert bars and bars[-1][0]["length"] == 3, seen
