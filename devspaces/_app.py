@@ -165,6 +165,7 @@ KINDS: dict[str, str] = {
     "image": "devspaces._media:image_blocks",
     "stream": "devspaces._streaming:stream_blocks",
     "chat": "devspaces._streaming:chat_blocks",
+    "shapes": "devspaces._shapes:shapes_blocks",
 }
 
 
