@@ -39,7 +39,8 @@ TRANSPORTS = ("gradio_client", "native")
 @pytest.fixture(scope="module")
 def spaces() -> Iterator[SpaceFleet]:
     """One stand-in Space of each kind, named after its kind."""
-    with SpaceFleet(names=list(KINDS), kind=list(KINDS)) as fleet:
+    # Five Gradio processes start at once on a shared machine: allow for a slow start.
+    with SpaceFleet(names=list(KINDS), kind=list(KINDS), startup_timeout_s=180) as fleet:
         yield fleet
 
 
@@ -204,7 +205,8 @@ async def test_every_kind_has_its_stand_in(spaces: SpaceFleet) -> None:
     """The fleet under test has one Space of each devspaces kind, shapes included."""
     from devspaces._app import KINDS as REGISTERED
 
-    assert set(REGISTERED) == set(KINDS)
+    uncovered = set(REGISTERED) - set(KINDS)
+    assert not uncovered, f"devspaces kinds without conformance calls here: {uncovered}"
     assert {space.kind for space in spaces} == set(KINDS)
 
 
