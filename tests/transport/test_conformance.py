@@ -17,6 +17,7 @@ The pool side runs once per transport (``PoolSettings(transport=...)``, env
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -29,7 +30,15 @@ from gradio_client.exceptions import AppError
 from PIL import Image
 
 from devspaces import SpaceFleet
-from pool import LocalFile, Partial, Pool, PoolSettings, UpstreamAppError, file_arg
+from pool import (
+    LocalFile,
+    Partial,
+    Pool,
+    PooledJob,
+    PoolSettings,
+    UpstreamAppError,
+    file_arg,
+)
 from tests.conftest import PoolMaker
 
 KINDS = ("echo", "image", "stream", "chat", "shapes")
@@ -337,3 +346,49 @@ async def test_concurrency_limit_and_batch(pool: Pool, raw: Clients) -> None:
     limit, largest_batch = (int(part.split("=")[1]) for part in peak.result.split())
     assert limit <= 2
     assert 1 <= largest_batch <= 4
+
+
+async def test_protocol_events_reach_the_caller(pool: Pool, transport: str) -> None:
+    """PooledJob.events(): the Space's queue, progress and log messages, then done;
+    on every transport the partials are the ones stream() gives."""
+    # MERGE: remove this guard once issue-17a's PooledJob.events() has landed.
+    if not hasattr(PooledJob, "events"):
+        pytest.skip("PooledJob has no events() yet (issue 17a's branch)")
+
+    async def events(api_name: str, *args: Any) -> list[Any]:
+        async with pool.client(space="shapes") as client:
+            job = await client.submit(*args, api_name=api_name)
+            # MERGE: drop the ignore once PooledJob.events() has landed.
+            follow = job.events  # type: ignore[attr-defined,unused-ignore]
+            got = [event async for event in follow()]
+            with contextlib.suppress(UpstreamAppError):
+                await job.result()
+        return got
+
+    def kind(event: Any) -> str:
+        return type(event).__name__
+
+    counted = await events("/count", "ab", 4)
+    async with pool.client(space="shapes") as client:
+        job = await client.submit("ab", 4, api_name="/count")
+        streamed = [out async for out in job.stream()]
+    assert [e.output for e in counted if kind(e) == "UpstreamPartial"] == streamed
+    assert kind(counted[-1]) == "UpstreamDone" and counted[-1].success
+    failed = await events("/error", "boom")
+    assert kind(failed[-1]) == "UpstreamDone" and not failed[-1].success
+    if transport != "native":
+        return  # the fallback transport reports partials and done only
+
+    notified = await events("/notify", "hi")
+    assert [kind(e) for e in notified[:2]] == ["UpstreamQueued", "UpstreamStarted"]
+    assert notified[0].rank == 0  # every joined event gets an estimation, even at once
+    logs = [(e.level, e.message, e.title) for e in notified if kind(e) == "UpstreamLog"]
+    assert logs == [("info", "info: hi", "Info"), ("warning", "warning: hi", "Warning")]
+    progressed = await events("/progress", 4)
+    units = [e.units[0] for e in progressed if kind(e) == "UpstreamProgress"]
+    # Gradio sends the latest progress at most every 10 ms: a loaded machine may merge
+    # updates, so the check is order and shape, not a count.
+    assert units, "no progress event"
+    assert all(u.length == 4 and u.unit == "steps" and u.desc == "step" for u in units)
+    indices = [u.index for u in units]
+    assert indices == sorted(set(indices)) and set(indices) <= {0, 1, 2, 3}
