@@ -118,25 +118,20 @@ def _met(transport: str, ok: bool) -> bool | None:
     return ok if transport == NATIVE else None
 
 
+def one_space_pools(name: str, url: str) -> dict[str, Pool]:
+    """A pool over the one Space ``name`` per transport, in-process admission."""
+    settings = PoolSettings(
+        spaces=f"{name}={url}", coordinator_url="memory://", min_connections=1, queue_timeout_s=60
+    )
+    return {t: Pool(on_transport(settings, t)) for t in transports()}
+
+
 # 0 s predict ------------------------------------------------------------------------
 
 
 async def predict_rows(space: SpaceProcess, plan: TransportPlan) -> list[Result]:
     raw = await asyncio.to_thread(open_raw, space.url, shared_ssl=True)
-    pools = {
-        t: Pool(
-            on_transport(
-                PoolSettings(
-                    spaces=f"alpha={space.url}",
-                    coordinator_url="memory://",
-                    min_connections=1,
-                    queue_timeout_s=60,
-                ),
-                t,
-            )
-        )
-        for t in transports()
-    }
+    pools = one_space_pools("alpha", space.url)
     try:
         variants = {"raw": raw_call(raw)} | {t: pooled_call(p) for t, p in pools.items()}
         for call in variants.values():  # warm: connections, windows, first-call costs
@@ -313,20 +308,7 @@ async def _pool_first_lag(pool: Pool, pace_s: float) -> float:
 
 async def partial_rows(streamer: SpaceProcess, plan: TransportPlan) -> list[Result]:
     raw = await asyncio.to_thread(open_raw, streamer.url, shared_ssl=True)
-    pools = {
-        t: Pool(
-            on_transport(
-                PoolSettings(
-                    spaces=f"streamer={streamer.url}",
-                    coordinator_url="memory://",
-                    min_connections=1,
-                    queue_timeout_s=60,
-                ),
-                t,
-            )
-        )
-        for t in transports()
-    }
+    pools = one_space_pools("streamer", streamer.url)
     names = ["raw", *pools]
     lags: dict[str, list[list[float]]] = {name: [] for name in names}
     pace = random.Random(17)

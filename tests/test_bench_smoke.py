@@ -9,20 +9,27 @@ from pathlib import Path
 
 import pytest
 
+from pool import PoolSettings
+
 ROOT = Path(__file__).resolve().parent.parent
+
+
+def run(command: list[str], timeout: float) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        command,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+        stdin=subprocess.DEVNULL,
+    )
 
 
 def test_bench_quick_cycle_prints_its_rows(tmp_path: Path) -> None:
     """`scripts/bench --quick --only cycle` prints the CapacityLimiter and QueuePool rows."""
     out = tmp_path / "bench.json"
-    proc = subprocess.run(
-        [str(ROOT / "scripts" / "bench"), "--quick", "--only", "cycle", "--json", str(out)],
-        capture_output=True,
-        text=True,
-        timeout=25,
-        check=False,
-        stdin=subprocess.DEVNULL,
-    )
+    bench = str(ROOT / "scripts" / "bench")
+    proc = run([bench, "--quick", "--only", "cycle", "--json", str(out)], timeout=25)
     assert proc.returncode == 0, proc.stderr[-2000:]
     table = [line for line in proc.stdout.splitlines() if line.startswith("| ")]
     assert table[0].startswith("| row |")
@@ -37,23 +44,16 @@ def test_bench_quick_cycle_prints_its_rows(tmp_path: Path) -> None:
 def test_bench_transport_smoke_prints_every_figure_per_transport(tmp_path: Path) -> None:
     """`scripts/bench_transport.py --smoke`: predict, first partial, saturation, threads
     and RSS rows for every transport the pool has, each measured against raw."""
-    sys.path.insert(0, str(ROOT / "scripts"))
-    from _bench_transport import transports
-
+    transports = ["gradio_client"]
+    if "transport" in PoolSettings.model_fields:  # MERGE: always both once 17a landed
+        transports.append("native")
     out = tmp_path / "bench.json"
     script = str(ROOT / "scripts" / "bench_transport.py")
-    proc = subprocess.run(
-        [sys.executable, script, "--smoke", "--json", str(out)],
-        capture_output=True,
-        text=True,
-        timeout=280,
-        check=False,
-        stdin=subprocess.DEVNULL,
-    )
+    proc = run([sys.executable, script, "--smoke", "--json", str(out)], timeout=280)
     assert proc.returncode == 0, proc.stderr[-3000:]
     figures = json.loads(out.read_text())
     rows = [r["row"] for r in figures["results"]]
-    for transport in transports():
+    for transport in transports:
         for figure in ("0 s predict p50", "first partial", "saturation", "threads", "RSS"):
             assert any(row.startswith(f"transport {transport}: {figure}") for row in rows), (
                 transport,
