@@ -38,7 +38,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from _bench_clients import close_client, interleaved, open_raw, pooled_call, raw_call
+from _bench_clients import interleaved, open_raw, pooled_call, raw_call
 from _bench_rss import measure as rss_child
 from _bench_saturation import _settings as saturation_settings
 from _bench_saturation import pooled_burst
@@ -46,6 +46,7 @@ from _bench_stats import Result, Summary, ratios
 
 from devspaces import SpaceFleet, SpaceProcess
 from pool import Pool, PoolSettings
+from pool._connection import close_client
 
 NATIVE = "native"
 GRADIO_CLIENT = "gradio_client"
