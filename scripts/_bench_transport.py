@@ -40,8 +40,8 @@ from typing import Any
 
 from _bench_clients import interleaved, open_raw, pooled_call, raw_call
 from _bench_rss import measure as rss_child
+from _bench_saturation import CPU, pooled_burst
 from _bench_saturation import _settings as saturation_settings
-from _bench_saturation import pooled_burst
 from _bench_stats import Result, Summary, ratios
 
 from devspaces import SpaceFleet, SpaceProcess
@@ -177,6 +177,8 @@ async def saturation_rows(fleet: SpaceFleet, plan: TransportPlan) -> list[Result
     ideal = plan.sat_cap / plan.sat_service_s
     shares: dict[str, list[float]] = {t: [] for t in transports()}
     errors: dict[str, int] = dict.fromkeys(shares, 0)
+    cpu_ms: dict[str, list[tuple[float, float]]] = {t: [] for t in shares}  # client, Spaces
+    cpu = CPU(fleet)
     pools = {t: Pool(on_transport(saturation_settings(fleet, plan.sat_cap), t)) for t in shares}
     order = list(pools)
     try:
@@ -185,8 +187,12 @@ async def saturation_rows(fleet: SpaceFleet, plan: TransportPlan) -> list[Result
                 await pooled_burst(p, 2 * plan.sat_cap, 0.05, f"warm{t}{k}")
         for r in range(plan.sat_rounds):
             for t in order if r % 2 == 0 else order[::-1]:
+                client0, spaces0 = cpu.read()
                 run = await pooled_burst(pools[t], plan.sat_callers, plan.sat_service_s, f"{t}{r}")
+                client1, spaces1 = cpu.read()
                 shares[t].append(plan.sat_callers / run.elapsed / ideal)
+                per_call = 1000 / plan.sat_callers
+                cpu_ms[t].append(((client1 - client0) * per_call, (spaces1 - spaces0) * per_call))
                 errors[t] += len(run.errors)
     finally:
         for p in pools.values():
@@ -210,7 +216,9 @@ async def saturation_rows(fleet: SpaceFleet, plan: TransportPlan) -> list[Result
                 note=(
                     f"{plan.sat_callers} distinct users at once, 3 Spaces, cap G = "
                     f"{plan.sat_cap}, service S = {plan.sat_service_s:g} s, "
-                    f"{plan.sat_rounds} round(s); errors {errors[t]}"
+                    f"{plan.sat_rounds} round(s); errors {errors[t]}; CPU per call: this "
+                    f"process {statistics.median(c for c, _ in cpu_ms[t]):.1f} ms, the Spaces "
+                    f"{statistics.median(s for _, s in cpu_ms[t]):.1f} ms"
                 ),
             )
         )
