@@ -42,8 +42,7 @@ def test_bench_quick_cycle_prints_its_rows(tmp_path: Path) -> None:
 
 @pytest.mark.timeout(300)
 def test_bench_transport_smoke_prints_every_figure_per_transport(tmp_path: Path) -> None:
-    """`scripts/bench_transport.py --smoke`: predict, first partial, saturation, threads
-    and RSS rows for every transport the pool has, each measured against raw."""
+    """`bench_transport.py --smoke`: every figure per transport, each against raw."""
     transports = ["gradio_client"]
     if "transport" in PoolSettings.model_fields:  # MERGE: always both once 17a landed
         transports.append("native")

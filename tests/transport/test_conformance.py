@@ -248,8 +248,7 @@ async def test_plain_results_equal_through_a_leased_client(
 
 
 async def test_generator_partials_equal(pool: Pool, raw: Clients, tmp_path: Path) -> None:
-    """A generator's partials (sent as diffs by the Space) arrive whole and in order,
-    equal to the Client's, through PooledJob.stream and Pool.predict(on_partial=)."""
+    """Generator partials (diffs on the wire) equal the Client's, via stream() and on_partial."""
     seen: list[Any] = []
 
     async def on_partial(partial: Partial) -> None:
@@ -307,8 +306,7 @@ async def test_a_stream_that_fails_after_partials(pool: Pool, raw: Clients, tmp_
 
 
 async def test_state_behaves_the_same_on_one_session(pool: Pool, raw: Clients) -> None:
-    """gr.State: a sequence of calls on one Client equals the same sequence in one lease,
-    and a new lease starts from a fresh state, as a new Client does."""
+    """gr.State: calls in one lease match calls on one Client; a new lease starts fresh."""
     sequences: list[tuple[str, str, list[tuple[Any, ...]]]] = [
         ("echo", "/state", [("a",), ("b",), ("c",)]),
         ("shapes", "/counter", [(5,), (2,), (-1,)]),
@@ -332,8 +330,7 @@ async def test_state_behaves_the_same_on_one_session(pool: Pool, raw: Clients) -
 
 
 async def test_concurrency_limit_and_batch(pool: Pool, raw: Clients) -> None:
-    """Concurrent calls of a concurrency_limit=2 event and of a batch=True event give each
-    caller its own result, as the Client does, and the Space's limit holds."""
+    """concurrency_limit=2 and batch=True events: each caller gets the Client's result."""
     texts = [f"t{i}" for i in range(6)]
     client = raw("shapes")
     for api_name, args in (("/limited", lambda t: (t, 0.2)), ("/batch", lambda t: (t,))):
@@ -349,8 +346,7 @@ async def test_concurrency_limit_and_batch(pool: Pool, raw: Clients) -> None:
 
 
 async def test_protocol_events_reach_the_caller(pool: Pool, transport: str) -> None:
-    """PooledJob.events(): the Space's queue, progress and log messages, then done;
-    on every transport the partials are the ones stream() gives."""
+    """PooledJob.events(): queue, progress and log messages, stream()'s partials, then done."""
     # MERGE: remove this guard once issue-17a's PooledJob.events() has landed.
     if not hasattr(PooledJob, "events"):
         pytest.skip("PooledJob has no events() yet (issue 17a's branch)")
