@@ -78,7 +78,7 @@ def _parser() -> argparse.ArgumentParser:
         sub.add_argument(
             "--kind",
             default="echo",
-            help="stand-in app: echo (text), image (files), stream (generator), chat",
+            help="stand-in app: echo (text), image (files), stream (generator), chat, shapes",
         )
 
     serve = commands.add_parser("serve", help="run one stand-in Space")

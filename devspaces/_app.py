@@ -166,6 +166,7 @@ KINDS: dict[str, str] = {
     "stream": "devspaces._streaming:stream_blocks",
     "chat": "devspaces._streaming:chat_blocks",
     "headers": "devspaces._headers:headers_blocks",
+    "shapes": "devspaces._shapes:shapes_blocks",
 }
 
 

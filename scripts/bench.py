@@ -7,7 +7,10 @@ Rows (``--only`` names): ``fresh`` (pooled predict vs a new Client per call),
 anyio.CapacityLimiter and SQLAlchemy QueuePool), ``fairness`` (asyncpg #1247's
 harness), ``queue`` (a store's hand-off with 500 waiters queued vs 10), ``stores``
 (SQLite / Redis via scripts/bench_admission.py), ``saturation``
-(many callers, 3 Spaces, a global cap), ``rss`` (a process holding 150 connections).
+(many callers, 3 Spaces, a global cap), ``rss`` (a process holding 150 connections),
+``transport`` (the pool on each transport vs a raw Client: 0 s predict, saturation,
+threads and RSS at 150 used connections, first-partial lag; also
+``scripts/bench_transport.py``).
 
 Everything runs against real Gradio apps on 127.0.0.1 (``devspaces``), the compared
 variants interleaved in repetitions; each figure is a median with its min–max over
@@ -31,7 +34,8 @@ if (
     and not os.environ.get("SPACEPOOL_BENCH_NO_REEXEC")
 ):
     os.environ["SPACEPOOL_BENCH_NO_REEXEC"] = "1"
-    os.execv(_VENV_PYTHON, [_VENV_PYTHON, os.path.abspath(__file__), *sys.argv[1:]])
+    # sys.argv[0]: the script that was run (bench.py, or one that imports it).
+    os.execv(_VENV_PYTHON, [_VENV_PYTHON, os.path.abspath(sys.argv[0]), *sys.argv[1:]])
 
 sys.path[:0] = [os.path.join(ROOT, "scripts"), ROOT]
 os.environ["PYTHONPATH"] = os.pathsep.join(
@@ -63,8 +67,8 @@ from _bench_stats import Result, Summary, markdown_table, not_measured  # noqa: 
 
 from devspaces import SpaceFleet  # noqa: E402
 
-ROWS = ("cycle", "fairness", "queue", "stores", "fresh", "raw", "saturation", "rss")
-NEEDS_SPACES = frozenset({"fresh", "raw", "saturation", "rss"})
+ROWS = ("cycle", "fairness", "queue", "stores", "fresh", "raw", "saturation", "rss", "transport")
+NEEDS_SPACES = frozenset({"fresh", "raw", "saturation", "rss", "transport"})
 
 
 @dataclass(frozen=True)
@@ -92,6 +96,7 @@ class Plan:
     rss_per_space: int
     rss_rounds: int
     rss_with_raw: bool
+    transport: str  # a plan of _bench_transport.PLANS
 
 
 FULL = Plan(
@@ -102,6 +107,7 @@ FULL = Plan(
     store_rounds=5, store_seconds=1.5,
     sat_callers=500, sat_cap=12, sat_service_s=0.5, sat_rounds=2, sat_raw_calls=4,
     rss_per_space=50, rss_rounds=1, rss_with_raw=True,
+    transport="full",
 )  # fmt: skip
 QUICK = Plan(
     fresh_rounds=2, fresh_per_round=2, raw_rounds=2, raw_per_round=4,
@@ -111,6 +117,7 @@ QUICK = Plan(
     store_rounds=1, store_seconds=0.3,
     sat_callers=36, sat_cap=12, sat_service_s=0.5, sat_rounds=1, sat_raw_calls=1,
     rss_per_space=8, rss_rounds=1, rss_with_raw=False,
+    transport="quick",
 )  # fmt: skip
 
 
@@ -249,6 +256,10 @@ class Runner:
                 rounds=p.rss_rounds,
                 with_raw=p.rss_with_raw,
             )
+        if key == "transport":
+            from _bench_transport import PLANS, transport_rows
+
+            return asyncio.run(transport_rows(self.fleet, PLANS[p.transport]))
         raise ValueError(key)
 
     @contextlib.contextmanager
@@ -312,7 +323,7 @@ def report(results: list[Result], info: dict[str, Any], mode: str, elapsed: floa
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, *, quick_plan: Plan = QUICK) -> int:
     parser = argparse.ArgumentParser(
         prog="scripts/bench", description=(__doc__ or "").splitlines()[0]
     )
@@ -333,7 +344,7 @@ def main(argv: list[str] | None = None) -> int:
     mode = "quick" if args.quick else "full"
     info = machine()
     started = time.monotonic()
-    runner = Runner(QUICK if args.quick else FULL, only, args.profile)
+    runner = Runner(quick_plan if args.quick else FULL, only, args.profile)
     runner.run()
     elapsed = time.monotonic() - started
     info["load_avg_end"] = os.getloadavg()
