@@ -39,7 +39,7 @@ from pool import (
 )
 from tests.conftest import PoolMaker
 
-KINDS = ("echo", "image", "stream", "chat", "shapes")
+KINDS = ("echo", "image", "stream", "chat", "shapes", "headers")
 TRANSPORTS = ("gradio_client", "native")
 
 
@@ -158,6 +158,8 @@ def plain_calls(tmp_path: Path) -> list[Call]:
         ("shapes", "/limited", ("lim", 0)),
         ("shapes", "/batch", ("b",)),
         ("shapes", "/echo", ("s", 0)),
+        ("headers", "/copy", (document,)),
+        ("headers", "/echo", ("h", 0)),
     ]
 
 
