@@ -758,7 +758,7 @@ class _RedisStore:
                 _log.debug("admission subscriber lost redis %s: %s", self._where, exc)
             finally:
                 with contextlib.suppress(*_UNREACHABLE):
-                    await pubsub.aclose()  # type: ignore[no-untyped-call]  # untyped in redis-py
+                    await pubsub.aclose()  # type: ignore[no-untyped-call,unused-ignore]  # untyped before redis-py 8.2
             await asyncio.sleep(delay)
             delay = min(delay * 2, 1.0)
 
