@@ -68,7 +68,7 @@ def limits_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def limited(
     start_service: ServiceFactory, fleet: SpaceFleet, pic: SpaceProcess, limits_dir: Path
 ) -> ServiceProcess:
-    """Two workers sharing the folder; small caps, 2 s file URLs, URL arguments, a token."""
+    """Two workers sharing the folder; small caps, 5 s file URLs, URL arguments, a token."""
     return start_service(
         workers=2,
         POOL_SPACES=_spaces(fleet, pic),
@@ -76,7 +76,7 @@ def limited(
         POOL_MAX_UPLOAD_BYTES=str(UPLOAD_CAP),
         POOL_FILE_MAX_BYTES=str(OUTPUT_CAP),
         POOL_FILE_MAX_TOTAL_BYTES=str(DISK_CAP),
-        POOL_FILE_TTL_S="2",
+        POOL_FILE_TTL_S="5",  # short, yet longer than a loaded machine's predict
         POOL_ALLOW_FILE_URLS="true",
         POOL_API_TOKEN=API_TOKEN,
     )
@@ -284,7 +284,7 @@ async def test_traversal_attempts_and_unknown_tokens_answer_404(
 async def test_expired_urls_answer_404_and_their_files_are_deleted(
     limited: ServiceProcess, limits_dir: Path
 ) -> None:
-    """POOL_FILE_TTL_S=2: a URL works, then answers 404 and its file is gone from disk."""
+    """POOL_FILE_TTL_S=5: a URL works, then answers 404 and its file is gone from disk."""
     body = {"space": "pic", "api_name": "/report", "args": ["x", 10]}
     async with limited.client(**AUTH) as client:
         response = await client.post("/api/predict", json=body)
@@ -296,7 +296,7 @@ async def test_expired_urls_answer_404_and_their_files_are_deleted(
         async def expired() -> bool:
             return (await client.get(url)).status_code == 404
 
-        await eventually(expired, 10, "the file URL expired", every_s=0.2)
+        await eventually(expired, 15, "the file URL expired", every_s=0.2)
         gone = await client.get(url)
     assert gone.json()["error"] == "file_not_found"
 
@@ -416,7 +416,7 @@ async def test_a_file_url_is_served_by_every_worker_of_the_host(
 
     rounds = 0
     # As in test_predict: bursts of fresh connections until one burst spans both workers.
-    # Each round asks for a new URL: this service's URLs live 2 s (POOL_FILE_TTL_S), less
+    # Each round asks for a new URL: this service's URLs live 5 s (POOL_FILE_TTL_S), less
     # than ten bursts can take on a loaded machine.
     for rounds in range(1, 11):
         async with limited.client(**AUTH) as client:
