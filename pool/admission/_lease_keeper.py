@@ -120,7 +120,12 @@ class SharedStore(Protocol):
 
     def attach(self, local: LocalEntries) -> None: ...
 
-    async def enqueue(self, waiter_id: str, resources: tuple[str, ...]) -> StoreView: ...
+    async def enqueue(
+        self, waiter_id: str, resources: tuple[str, ...], *, priority: str, ages_after_s: float
+    ) -> StoreView:
+        """Queue a waiter of class ``priority`` (it ranks as interactive after
+        ``ages_after_s``), or grant it at once."""
+        ...
 
     async def withdraw(self, waiter_id: str, *, keep: bool) -> Withdrawn:
         """Delete the waiter; if it was granted, keep the lease or (``keep=False``) free it."""
@@ -206,7 +211,10 @@ class SharedCoordinator:
         waiter = _Waiter(tuple(resources), ticket or WaitTicket())
         self._waiters[key] = waiter
         sent = time.monotonic()
-        enqueue = self._spawn(self._backend.enqueue(key, waiter.resources))
+        enqueue = self._spawn(self._backend.enqueue(
+            key, waiter.resources, priority=waiter.ticket.priority,
+            ages_after_s=waiter.ticket.ages_after_s,
+        ))  # fmt: skip
         try:
             view = await asyncio.shield(enqueue)
             waiter.enqueued = True
