@@ -16,9 +16,9 @@ Redis Cluster, as every script touches all the keys)::
     wexp      ZSET   waiter id scored by its expiry (ms, server clock)
     leases    HASH   lease id -> the same record; a granted waiter keeps its id
     lexp      ZSET   lease id scored by its expiry
-    lanes     ZSET   all scores 0; members ``lane SEP rank SEP seq(15 digits) SEP id``, SEP = chr(1)
-                     (lex order: each lane and class is a contiguous range, in
-                     arrival order; issue 18)
+    lanes     ZSET   all scores 0, members ``lane SEP rank SEP seq(15 digits) SEP id``
+                     with SEP = chr(1): each lane and class is a contiguous range, in
+                     arrival order (issue 18)
 
 Shared values live under the same prefix (``values:<ns>``, ``vexp:<ns>``), read and
 written by their own script (:mod:`pool.admission._redis_values`); this one never
