@@ -2,8 +2,9 @@
 
 State is one ordered dict of waiters (arrival order), the same waiters grouped by
 lane and class (:func:`~pool.admission._rule.lane_of`, in rank order) and a counter
-per resource. ``_assign`` is the only state machine: it has no ``await``, applies the grant rule and resolves
-the winners' futures, handing them their lease at wake-up time so that nobody can
+per resource. ``_assign`` is the only state machine: it has no ``await``, applies the
+grant rule and resolves the winners' futures, handing them their lease at wake-up
+time so that nobody can
 jump the queue between the wake-up and the waiter running (trio's parking lot).
 """
 

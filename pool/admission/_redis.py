@@ -87,9 +87,9 @@ from redis.exceptions import NoScriptError, ResponseError
 
 from ._lease_keeper import LocalEntries, SharedCoordinator, StoreView, Withdrawn
 from ._protocol import AdmissionSnapshot, StoreUnavailable, new_id
-from ._rule import RANK
 from ._redis_values import UNREACHABLE as _UNREACHABLE
 from ._redis_values import RedisValues
+from ._rule import RANK
 
 _log = logging.getLogger("pool.admission")
 
