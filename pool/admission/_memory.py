@@ -203,6 +203,7 @@ class MemoryCoordinator:
             limits=dict(self._limits),
             waiting=len(self._waiters),
             store=self.store,
+            batch_waiting=sum(w.lane[1] for w in self._waiters.values()),
         )
 
     async def shared_secret(self) -> bytes:

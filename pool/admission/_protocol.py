@@ -134,6 +134,7 @@ class AdmissionSnapshot:
     waiting: int
     store: str
     reachable: bool = True
+    batch_waiting: int = 0  # of ``waiting``, the batch class (the rest: interactive)
 
 
 class Coordinator(Protocol):

@@ -418,14 +418,17 @@ elseif op == 'set_limits' then
 elseif op == 'snapshot' then
   reclaim()
   local mine = grant_pass()
-  local queued, waiting = {}, 0
+  local queued, waiting, batch = {}, 0, 0
   for _, rec in ipairs(redis.call('HVALS', WAITERS)) do
     waiting = waiting + 1
-    for _, r in ipairs(cjson.decode(rec).r) do queued[r] = (queued[r] or 0) + 1 end
+    local w = cjson.decode(rec)
+    batch = batch + (w.p or 0)                               -- the batch class (issue 18)
+    for _, r in ipairs(w.r) do queued[r] = (queued[r] or 0) + 1 end
   end
   local flat = {}
   for r, n in pairs(queued) do flat[#flat + 1] = r; flat[#flat + 1] = n end
-  return {'OK', mine, redis.call('HGETALL', HELD), flat, redis.call('HGETALL', LIMITS), waiting}
+  return {'OK', mine, redis.call('HGETALL', HELD), flat, redis.call('HGETALL', LIMITS), waiting,
+          batch}
 
 elseif op == 'secret' then
   redis.call('HSETNX', META, 'secret', ARGV[5])
@@ -764,13 +767,14 @@ class _RedisStore:
 
     async def snapshot(self) -> AdmissionSnapshot:
         # owner "": every grant this pass makes is published, ours included.
-        _, _, held, queued, limits, waiting = await self._call("snapshot", owner="")
+        _, _, held, queued, limits, waiting, batch = await self._call("snapshot", owner="")
         return AdmissionSnapshot(
             held=_pairs(held),
             queued=_pairs(queued),
             limits=_pairs(limits),
             waiting=int(waiting),
             store=self.name,
+            batch_waiting=int(batch),
         )
 
     async def shared_secret(self) -> bytes:

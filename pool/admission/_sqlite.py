@@ -666,15 +666,17 @@ class _SQLiteStore:
                     (now,),
                 )
             )
-            (waiting,) = conn.execute(
-                "SELECT COUNT(*) FROM waiters WHERE expires_at >= ?", (now,)
+            waiting, batch = conn.execute(
+                "SELECT COUNT(*), COALESCE(SUM(rank), 0) FROM waiters WHERE expires_at >= ?",
+                (now,),
             ).fetchone()
             limits = _limits(conn)
         finally:
             conn.execute("COMMIT")
         return AdmissionSnapshot(
-            held=held, queued=queued, limits=limits, waiting=waiting, store=self.name
-        )
+            held=held, queued=queued, limits=limits, waiting=waiting, store=self.name,
+            batch_waiting=batch,
+        )  # fmt: skip
 
 
 def _write(conn: sqlite3.Connection, body: Callable[[sqlite3.Connection, float], T]) -> T:
