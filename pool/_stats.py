@@ -34,6 +34,7 @@ _SUMMED = (
     "healthyConnections",
     "unhealthyConnections",
     "localWaiters",
+    "keptWarm",
 )
 
 
