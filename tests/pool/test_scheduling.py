@@ -68,10 +68,10 @@ async def test_an_idle_space_is_not_held_behind_a_busy_ones_backlog(
     b = await pool.predict("/echo", "b", 0.2, space="beta")
     b_wait = time.monotonic() - sent
     print(f"\n[{pool.coordinator.store}] B served in {b_wait:.2f} s behind A's backlog of 10")
-    assert b.result == "b"
+    assert b.result == "beta:b"
     assert b_wait < 1.0, f"B waited {b_wait:.2f} s behind another Space's backlog"
     done = await asyncio.gather(*a_calls)
-    assert sorted(p.result for p in done) == sorted(f"a{i}" for i in range(14))
+    assert sorted(p.result for p in done) == sorted(f"alpha:a{i}" for i in range(14))
     assert clean_fleet["alpha"].stats().peak <= 4
     assert clean_fleet.concurrent_peak() <= 8
 
@@ -79,8 +79,9 @@ async def test_an_idle_space_is_not_held_behind_a_busy_ones_backlog(
 async def test_a_busy_spaces_backlog_drains_at_its_own_rate_while_another_is_flooded(
     url: str, clean_fleet: SpaceFleet, make_pool: PoolMaker
 ) -> None:
-    """A's 12 requests (window 4, 3 rounds) drain at A's rate while 30 requests flood
-    B under a global cap of 6: B's waiters never take the slots A's releases free."""
+    """A's 12 requests (window 4: 3 rounds) drain at A's rate while 30 longer requests
+    flood B under a global cap of 6: B's waiters never take the global slots that A's
+    releases free (were they to, A would run 2 at a time and need 5 rounds)."""
     pool = sched_pool(make_pool, clean_fleet, url, global_max_concurrent=6)
     await pool.start()
     d = 0.5
@@ -88,15 +89,19 @@ async def test_a_busy_spaces_backlog_drains_at_its_own_rate_while_another_is_flo
                for _ in range(12)]  # fmt: skip
     await queued_on(pool, "alpha", 8)
     flood_from = time.monotonic()
-    b_calls = [asyncio.create_task(pool.predict("/echo", "b", d, space="beta"))
+    b_calls = [asyncio.create_task(pool.predict("/echo", "b", 2.0, space="beta"))
                for _ in range(30)]  # fmt: skip
-    await asyncio.gather(*a_calls)
-    a_drained = time.monotonic() - flood_from
+    try:
+        await asyncio.gather(*a_calls)
+        a_drained = time.monotonic() - flood_from
+    finally:
+        for call in b_calls:
+            call.cancel()
+        await asyncio.gather(*b_calls, return_exceptions=True)
     print(f"\n[{pool.coordinator.store}] A's backlog drained in {a_drained:.2f} s "
           f"(3 rounds of {d} s) while B was flooded")  # fmt: skip
-    assert a_drained < 3 * d + 1.2, "A's backlog slowed down by another Space's flood"
+    assert a_drained < 4 * d + 1.0, "A's backlog slowed down by another Space's flood"
     assert clean_fleet["alpha"].stats().peak == 4
-    await asyncio.gather(*b_calls)
     assert clean_fleet.concurrent_peak() <= 6
 
 
