@@ -25,7 +25,9 @@ from ._rule import (
     bottleneck_capacity,
     estimate_wait_s,
     lane_of,
+    lane_open,
     limit_lookup,
+    newcomer_position,
     plan_grants,
     queue_positions,
     rank_of,
@@ -87,7 +89,7 @@ class MemoryCoordinator:
         self._lanes.setdefault(waiter.lane, OrderedDict())[key] = waiter
         self._assign()
         if not waiter.future.done():
-            self._refresh_tickets([key])
+            self._set_newcomer_ticket(waiter)
         try:
             async with asyncio.timeout(timeout):
                 return await asyncio.shield(waiter.future)
@@ -150,7 +152,8 @@ class MemoryCoordinator:
         now = time.monotonic()
         lanes = [
             (w.entry(k, now) for k, w in lane.items() if not w.future.done())
-            for lane in self._lanes.values()
+            for (key, _rank), lane in self._lanes.items()
+            if lane_open(key, self._held, limit_of)
         ]
         for key in plan_grants(lanes, self._held, limit_of):
             waiter = self._forget(key)
@@ -169,19 +172,27 @@ class MemoryCoordinator:
                 delay, self._refresh_tickets
             )
 
-    def _refresh_tickets(self, only: list[str] | None = None) -> None:
-        if only is None:
-            self._tickets_timer = None
-            self._tickets_due = time.monotonic() + _TICKETS_EVERY_S
+    def _refresh_tickets(self) -> None:
+        self._tickets_timer = None
+        self._tickets_due = time.monotonic() + _TICKETS_EVERY_S
         limit_of = limit_lookup(self._limits)
         now = time.monotonic()
         entries = [w.entry(k, now) for k, w in self._waiters.items()]
-        wanted = self._waiters if only is None else only
-        for key, position in queue_positions(entries, self._held, limit_of, wanted).items():
+        for key, position in queue_positions(entries, self._held, limit_of, self._waiters).items():
             waiter = self._waiters[key]
             waiter.ticket.position = position
             capacity = bottleneck_capacity(waiter.resources, limit_of)
             waiter.ticket.estimate_s = estimate_wait_s(position, capacity, self._mean_hold_s)
+
+    def _set_newcomer_ticket(self, waiter: _Waiter) -> None:
+        """The ticket of the waiter that arrived last, in O(lanes)."""
+        limit_of = limit_lookup(self._limits)
+        sizes = [(lane, rank, len(ws) - (ws is self._lanes[waiter.lane]))
+                 for (lane, rank), ws in self._lanes.items()]  # fmt: skip
+        position = newcomer_position(sizes, *waiter.lane, self._held, limit_of)
+        waiter.ticket.position = position
+        capacity = bottleneck_capacity(waiter.resources, limit_of)
+        waiter.ticket.estimate_s = estimate_wait_s(position, capacity, self._mean_hold_s)
 
     def _position(self, key: str) -> int:
         now = time.monotonic()

@@ -227,11 +227,16 @@ end
 -- then arrival). A waiter that fits is granted; one short of a shared resource closes
 -- its lane for the pass (everyone behind it is short too); one short only of its
 -- consumer slot is skipped. Grants are applied after the merge, so offsets stay valid.
-local function lane_cursors()
+-- A lane with a shared resource full before the pass is not read (_rule.lane_open).
+local function lane_cursors(counts)
   local subs, first = {}, redis.call('ZRANGEBYLEX', LANES, '-', '+', 'LIMIT', 0, 1)[1]
   while first do
     local lane = string.sub(first, 1, string.find(first, SEP, 1, true) - 1)
-    for _, rank in ipairs({'0', '1'}) do
+    local open = true
+    for r in string.gmatch(lane, '[^,]+') do
+      if (counts[r] or 0) >= limit_of(r) then open = false; break end
+    end
+    for _, rank in ipairs(open and {'0', '1'} or {}) do
       subs[#subs + 1] = {p = lane .. SEP .. rank .. SEP, r = tonumber(rank), buf = {},
                          i = 1, off = 0, done = false}
     end
@@ -270,7 +275,7 @@ end
 local function grant_pass()
   if quarantined() then return {} end
   local counts = as_table(redis.call('HGETALL', HELD))
-  local subs, grants = lane_cursors(), {}
+  local subs, grants = lane_cursors(counts), {}
   while true do
     local best, at = nil, nil
     for k, c in ipairs(subs) do

@@ -85,6 +85,12 @@ def lane_of(resources: Iterable[str]) -> str:
     return ",".join(sorted(r for r in resources if not is_private(r)))
 
 
+def lane_open(lane: str, held: Mapping[str, int], limit_of: Callable[[str], int]) -> bool:
+    """False when a shared resource of ``lane`` is full before the pass: nobody of the
+    lane can be granted in it, so a store need not read the lane at all."""
+    return all(held.get(r, 0) < limit_of(r) for r in lane.split(",") if r)
+
+
 def rank_of(priority: str, ages_at: float, now: float) -> int:
     """The class rank at ``now``: a batch waiter ranks as interactive from ``ages_at``."""
     return 0 if priority == INTERACTIVE or ages_at <= now else RANK[BATCH]
@@ -149,6 +155,29 @@ def queue_positions(
         if blocked:
             seen[blocked] = seen.get(blocked, 0) + 1
     return positions
+
+
+def newcomer_position(
+    lanes: Iterable[tuple[str, int, int]],
+    lane: str,
+    rank: int,
+    held: Mapping[str, int],
+    limit_of: Callable[[str], int],
+) -> int:
+    """:func:`queue_positions` of a waiter that arrived last, from the lanes' sizes
+    (``(lane, class rank, waiters)``, the newcomer not counted): O(lanes), not
+    O(waiters). Every waiter of a lane is blocked by the same full resources."""
+
+    def blocked(key: str) -> frozenset[str]:
+        return frozenset(r for r in key.split(",") if r and held.get(r, 0) >= limit_of(r))
+
+    mine = blocked(lane)
+    ahead = 0
+    for key, their_rank, count in lanes:
+        theirs = blocked(key)
+        if their_rank <= rank and theirs and theirs <= mine:
+            ahead += count
+    return 1 + ahead
 
 
 def estimate_wait_s(position: int, capacity: int, mean_hold_s: float) -> float:

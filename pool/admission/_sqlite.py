@@ -92,7 +92,9 @@ from ._rule import (
     RANK,
     Entry,
     lane_of,
+    lane_open,
     limit_lookup,
+    newcomer_position,
     plan_grants,
     queue_positions,
     rank_of,
@@ -520,16 +522,18 @@ class _SQLiteStore:
             return set()  # just re-created: holders of the old file re-register first
         owners: dict[str, str] = {}
         cursors: list[sqlite3.Cursor] = []
+        held, limit_of = _held(conn, now), limit_lookup(_limits(conn))
         lanes: list[Iterable[Entry[str]]] = [
             _lane_rows(conn, lane, rank, now, owners, cursors)
             for lane in _lanes(conn)
+            if lane_open(lane, held, limit_of)
             for rank in RANK.values()
         ]
         if newcomer is not None:
             owners[newcomer[0]] = self._owner
             lanes.append([(newcomer[0], newcomer[1], (newcomer[2], math.inf))])
         try:
-            granted = plan_grants(lanes, _held(conn, now), limit_lookup(_limits(conn)))
+            granted = plan_grants(lanes, held, limit_of)
         finally:
             for cursor in cursors:
                 cursor.close()
@@ -570,10 +574,17 @@ class _SQLiteStore:
             (key, self._owner, json.dumps(resources), self._ttl, now, now + self._ttl,
              lane_of(resources), rank, now + ages_after_s),
         )  # fmt: skip
+        sizes = conn.execute(
+            "SELECT lane, rank, COUNT(*) - (lane = ?1 AND rank = ?2) FROM waiters"
+            " WHERE rank <= ?2 GROUP BY lane, rank",
+            (lane_of(resources), rank),
+        )
+        held, limits = _held(conn, now), _limits(conn)
+        position = newcomer_position(sizes, lane_of(resources), rank, held, limit_lookup(limits))
         return StoreView(
             granted=frozenset(mine),
-            positions=_positions(conn, now, [key]),
-            limits=_limits(conn),
+            positions={key: position},
+            limits=limits,
             mean_hold_s=_mean_hold(conn),
         )
 
@@ -790,9 +801,10 @@ def _positions(conn: sqlite3.Connection, now: float, wanted: Sequence[str]) -> d
     """Positions counting who is actually ahead (:func:`queue_positions`)."""
     if not wanted:
         return {}
-    rows = conn.execute("SELECT id, resources, rank, ages_at, seq FROM waiters")
-    entries = [(key, tuple(json.loads(res)), (rank_of_row(rank, ages_at, now), seq))
-               for key, res, rank, ages_at, seq in rows]  # fmt: skip
+    rows = conn.execute("SELECT id, lane, rank, ages_at, seq FROM waiters")
+    # The lane is the waiter's shared resources: all that positions look at.
+    entries = [(key, lane.split(","), (rank_of_row(rank, ages_at, now), seq))
+               for key, lane, rank, ages_at, seq in rows]  # fmt: skip
     return queue_positions(entries, _held(conn, now), limit_lookup(_limits(conn)), wanted)
 
 
