@@ -24,18 +24,25 @@ import argparse
 import asyncio
 import os
 import statistics
+import sys
 import tempfile
 import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
 
-from _bench_queue import measure as handoff
-from _bench_stores import _drop_prefixes, redis_url
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path[:0] = [os.path.join(ROOT, "scripts"), ROOT]
+os.environ["PYTHONPATH"] = os.pathsep.join(
+    p for p in (ROOT, os.environ.get("PYTHONPATH", "")) if p
+)  # the stand-in Spaces are child processes that import devspaces
 
-from devspaces import SpaceFleet
-from pool import Pool, PoolSettings
-from pool.admission import MemoryCoordinator, open_coordinator
-from pool.admission._rule import is_private, limit_lookup
+from _bench_queue import measure as handoff  # noqa: E402
+from _bench_stores import _drop_prefixes, redis_url  # noqa: E402
+
+from devspaces import SpaceFleet  # noqa: E402
+from pool import Pool, PoolSettings  # noqa: E402
+from pool.admission import MemoryCoordinator, open_coordinator  # noqa: E402
+from pool.admission._rule import is_private, limit_lookup  # noqa: E402
 
 BACKLOG = 14
 
