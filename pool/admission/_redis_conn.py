@@ -24,7 +24,7 @@ class ResetOnClose(Connection):
     """A TCP connection to Redis whose close discards anything still unsent."""
 
     async def _connect(self) -> None:
-        await super()._connect()
+        await super()._connect()  # type: ignore[no-untyped-call]  # untyped in redis-py
         writer = self._writer
         sock = writer.transport.get_extra_info("socket") if writer is not None else None
         if sock is not None:

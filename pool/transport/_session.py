@@ -185,6 +185,14 @@ class Session:
                 async for _ in response.aiter_bytes():
                     pass
 
+    def stop_streams(self) -> None:
+        """Cut the data stream and the heartbeat now; the calls' own tasks (joins,
+        and the cancels they post after a join) go on. The Space drops the session's
+        events when it sees the stream end (gradio/routes.py ``queue_data``)."""
+        for task in (self._reader, self._heartbeat):
+            if task is not None:
+                task.cancel()
+
     def _drop_all(self, error: Exception) -> None:
         calls, self._calls = list(self._calls.values()), {}
         for call in calls:
