@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import json
 import shutil
 import subprocess
@@ -244,7 +245,7 @@ async def store_cut(lab: Lab) -> str:
     # A lease granted just before the cut may reach the Space a little later.
     during = [round(s - cut_at, 2) for s in starts if cut_at + GRANTED_BEFORE_S < s < healed_at]
     after = [healed_at, *(s for s in starts if healed_at <= s <= load_end)]
-    gap = max(b - a for a, b in zip(after, after[1:], strict=False)) if len(after) > 1 else 99
+    gap = max((b - a for a, b in itertools.pairwise(after)), default=99.0)
     assert during == [], f"calls started at the Space {during} s into the Redis cut"
     assert gap <= 1.0, f"an admission gap of {gap:.2f} s after the heal"
     assert aged <= GHOST_AGE_S, f"a lease nobody renewed for {aged:.2f} s: a ghost"
