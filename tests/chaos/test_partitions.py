@@ -1,23 +1,24 @@
 """The fleet under network partitions: two hosts, a Redis and a Space, each in its own
 network namespace, packets dropped (not refused) between chosen pairs (``_netlab``).
 
-Scaled down from the issue's figures to stay inside the suite's time budget: lease
-TTL 2 s instead of 15 s, and every cut scaled with it so that each crosses the same
-thresholds (a cut longer than the TTL lets the store expire the cut-off leases; the
-long cut is several TTLs):
+Scaled down to stay inside the suite's time budget: lease TTL 2 s instead of 15 s,
+and every cut a multiple of the TTL, so that each crosses the thresholds the issue's
+cuts crossed (longer than the TTL: the store expires the cut-off leases and the other
+host is admitted; the long cut: several TTLs, the callers' deadline long past):
 
-==========================  ===========  =========
-partition                   issue (15 s)  here (2 s)
-==========================  ===========  =========
-Redis cut from both hosts   20 s          4 s
-host 1 cut from Redis only  (any)         4 s
-host 1 cut from everything  12 s          4 s
-host 1 cut from everything  60 s / 130 s  8 s
-==========================  ===========  =========
+==========================  ================  ==============
+partition                   issue (TTL 15 s)  here (2 × TTL)
+==========================  ================  ==============
+Redis cut from both hosts   20 s              4 s (2 TTL)
+host 1 cut from Redis only  (any)             4 s (2 TTL)
+host 1 cut from everything  12 s              4 s (2 TTL)
+host 1 cut from everything  60 s / 130 s      8 s (4 TTL)
+==========================  ================  ==============
 
-The full-size run (TTL 15 s, the issue's cuts) is ``scripts/partitions.py``, which
-prints the figures of ``docs/leases.md``. Concurrency is measured at the Space, on
-its own clock (one machine, one clock).
+``SPACEPOOL_PARTITION_TTL_S=15 pytest -s tests/chaos/test_partitions.py`` is the
+full-size run (cuts of 30, 30, 30 and 60 s; about 4 minutes); it prints the figures
+of ``docs/leases.md``. Concurrency is measured at the Space, on its own clock (one
+machine, one clock).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ import asyncio
 import contextlib
 import itertools
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -43,11 +45,13 @@ from devspaces import SpaceProcess
 from ._netlab import NetLab, unavailable
 from .conftest import ROOT, pool_env
 
-TTL_S = 2.0
-CUT_STORE_S = 4.0  # the issue's 20 s
-CUT_HOST_S = 4.0  # host 1 from Redis only
-CUT_SHORT_S = 4.0  # the issue's 12 s
-CUT_LONG_S = 8.0  # the issue's 60 s
+# SPACEPOOL_PARTITION_TTL_S=15 runs the full-size version (cuts scale with the TTL).
+TTL_S = float(os.environ.get("SPACEPOOL_PARTITION_TTL_S", "2"))
+CUT_STORE_S = 2 * TTL_S  # the issue's 20 s
+CUT_HOST_S = 2 * TTL_S  # host 1 from Redis only
+CUT_SHORT_S = 2 * TTL_S  # the issue's 12 s
+CUT_LONG_S = 4 * TTL_S  # the issue's 60 s
+DEADLINE_S = 2.5 * TTL_S  # the callers' deadline (timeout=) in the cuts of host 1
 CAP = 2
 PREFIX = "part:"
 GHOST_AGE_S = 0.8 * TTL_S + 0.2  # a held lease is renewed or fenced by 0.8 TTL
@@ -256,7 +260,7 @@ async def store_cut(lab: Lab) -> str:
 
 async def host_store_cut(lab: Lab) -> str:
     lab.space.reset()
-    lab.h1.load(2, delay=2.5, timeout=6.0)
+    lab.h1.load(2, delay=1.25 * TTL_S, timeout=3 * TTL_S)
     lab.h2.load(2, delay=0.3)
     await asyncio.sleep(0.5)
     cut_at = time.time()
@@ -274,7 +278,7 @@ async def host_store_cut(lab: Lab) -> str:
 
 async def host_isolated(lab: Lab, cut_s: float) -> str:
     lab.space.reset()
-    lab.h1.load(2, delay=30.0, timeout=5.0)
+    lab.h1.load(2, delay=3 * CUT_LONG_S, timeout=DEADLINE_S)
     await until(lambda: lab.space.stats().in_flight == 2, 10, "host 1's two long calls")
     sent_before = len(lab.h1.answers)
     cut_at = time.time()
@@ -296,7 +300,7 @@ async def host_isolated(lab: Lab, cut_s: float) -> str:
     cut_off = [a for a in lab.h1.answers[sent_before:] if a["sent"] < cut_at + 0.1]
     assert late <= 1.5, f"host 1's jobs ended {late:.2f} s after the heal"
     assert cut_off and all(a["done"] < healed_at for a in cut_off), "answered after the heal"
-    assert all(a["done"] - a["sent"] <= 5.0 + 0.5 for a in cut_off), "answered past the deadline"
+    assert all(a["done"] - a["sent"] <= DEADLINE_S + 0.5 for a in cut_off), "past the deadline"
     kinds = sorted({a["kind"] for a in cut_off})
     top = peak(intervals, cut_at, time.time())
     return (f"host 1 cut from everything {cut_s:.0f} s: its jobs ended {late:+.2f} s from the "
