@@ -5,7 +5,8 @@ fails; if nothing tries again, the job runs on at the Space after the host's lea
 is gone, next to the jobs of whoever got the slot (seen: 4 calls at once against a
 cap of 2 for 7.1 s, 154 s with a longer cut). So a native call's cancel is posted
 again with backoff until the Space confirms it or the call is known to have ended
-(:attr:`pool.transport.Call.cancel_settled`), for as long as :data:`GIVE_UP_S`.
+(:attr:`pool.transport.Call.cancel_settled`), for as long as :data:`GIVE_UP_S` or
+until the pool closes (its HTTP client with it).
 
 Each attempt is bounded by :data:`ATTEMPT_S`: an attempt stuck on dropped packets is
 abandoned (its connection closed) and the next one opens a new connection, so once
@@ -53,6 +54,8 @@ async def deliver_cancel(job: Any) -> None:
         if job.cancel_settled:
             if tries > 1:
                 _log.info("upstream cancel delivered after %d attempts", tries)
+            return
+        if job.session.space.http.is_closed:  # the pool closed: nobody can post it now
             return
         if loop.time() >= give_up:
             _log.warning("upstream cancel not confirmed after %.0f s; given up", GIVE_UP_S)

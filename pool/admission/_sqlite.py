@@ -127,6 +127,7 @@ _SCHEMA = (
     "CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value REAL NOT NULL)",
     # Tombstones (issue 22): ids that left the store, refused until expires_at.
     "CREATE TABLE IF NOT EXISTS gone (id TEXT PRIMARY KEY, expires_at REAL NOT NULL)",
+    "CREATE INDEX IF NOT EXISTS gone_expiry ON gone(expires_at)",
     *VALUES_SCHEMA,
 )
 
