@@ -117,6 +117,7 @@ def _detach(tasks: set[asyncio.Task[Any]], work: Coroutine[Any, Any, Any]) -> No
     task.add_done_callback(tasks.discard)
     task.add_done_callback(_log_failure)
 
+
 class Pool:
     """Warm gradio_client connections for several Spaces behind one admission."""
 
