@@ -60,7 +60,7 @@ from typing import Any, Protocol, TypeVar
 
 from .._exceptions import BusyError, MisuseError, PoolClosedError
 from ._protocol import AdmissionSnapshot, Lease, StoreUnavailable, WaitTicket, new_id
-from ._rule import bottleneck_capacity, estimate_wait_s, limit_lookup
+from ._rule import INTERACTIVE, bottleneck_capacity, estimate_wait_s, limit_lookup
 from ._values import GuardedValues, SharedValues
 
 _log = logging.getLogger("pool.admission")
@@ -121,7 +121,12 @@ class SharedStore(Protocol):
     def attach(self, local: LocalEntries) -> None: ...
 
     async def enqueue(
-        self, waiter_id: str, resources: tuple[str, ...], *, priority: str, ages_after_s: float
+        self,
+        waiter_id: str,
+        resources: tuple[str, ...],
+        *,
+        priority: str = INTERACTIVE,
+        ages_after_s: float = 60.0,
     ) -> StoreView:
         """Queue a waiter of class ``priority`` (it ranks as interactive after
         ``ages_after_s``), or grant it at once."""

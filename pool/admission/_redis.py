@@ -101,7 +101,7 @@ from ._protocol import AdmissionSnapshot, StoreUnavailable, new_id
 from ._redis_conn import ResetOnClose
 from ._redis_values import UNREACHABLE as _UNREACHABLE
 from ._redis_values import RedisValues
-from ._rule import RANK
+from ._rule import INTERACTIVE, RANK
 
 _log = logging.getLogger("pool.admission")
 
@@ -777,7 +777,12 @@ class _RedisStore:
 
     # -- SharedStore ----------------------------------------------------------------------
     async def enqueue(
-        self, waiter_id: str, resources: tuple[str, ...], *, priority: str, ages_after_s: float
+        self,
+        waiter_id: str,
+        resources: tuple[str, ...],
+        *,
+        priority: str = INTERACTIVE,
+        ages_after_s: float = 60.0,
     ) -> StoreView:
         reply = await self._call(
             "enqueue", waiter_id, json.dumps(list(resources)), self._ttl_ms, RANK[priority],

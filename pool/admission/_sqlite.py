@@ -315,7 +315,12 @@ class _SQLiteStore:
         return await self._submit(lambda conn, _now: body(conn), "read")
 
     async def enqueue(
-        self, waiter_id: str, resources: tuple[str, ...], *, priority: str, ages_after_s: float
+        self,
+        waiter_id: str,
+        resources: tuple[str, ...],
+        *,
+        priority: str = INTERACTIVE,
+        ages_after_s: float = 60.0,
     ) -> StoreView:
         rank = RANK[priority]
         return await self._transact(
