@@ -57,19 +57,29 @@ async def queued_on(pool: Pool, space: str, n: int) -> None:
 async def test_an_idle_space_is_not_held_behind_a_busy_ones_backlog(
     url: str, clean_fleet: SpaceFleet, make_pool: PoolMaker
 ) -> None:
-    """14 requests pinned to A (window 4: 10 wait), then one for B: B is served within
-    1 s although A's backlog waits; A's 14 are all served; the global cap of 8 holds."""
+    """14 requests pinned to A (window 4: 10 wait), then one for B: B is admitted before
+    any of A's waiting requests (under the previous rule it waited for most of them)
+    and served within a round of A's; A's 14 are all served; the cap of 8 holds."""
     pool = sched_pool(make_pool, clean_fleet, url)
     await pool.start()
-    a_calls = [asyncio.create_task(pool.predict("/echo", f"a{i}", D_S, space="alpha"))
+    order: list[str] = []
+
+    async def admitted(space: str) -> None:
+        order.append(space)
+
+    a_calls = [asyncio.create_task(pool.predict("/echo", f"a{i}", D_S, space="alpha",
+                                                on_admitted=admitted))
                for i in range(14)]  # fmt: skip
     await queued_on(pool, "alpha", 10)
     sent = time.monotonic()
-    b = await pool.predict("/echo", "b", 0.2, space="beta")
+    b = await pool.predict("/echo", "b", 0.2, space="beta", on_admitted=admitted)
     b_wait = time.monotonic() - sent
     print(f"\n[{pool.coordinator.store}] B served in {b_wait:.2f} s behind A's backlog of 10")
     assert b.result == "beta:b"
-    assert b_wait < 1.0, f"B waited {b_wait:.2f} s behind another Space's backlog"
+    assert order.index("beta") == 4, f"B admitted after {order.index('beta') - 4} of A's waiters"
+    # The 1 s goal is the benchmark's (0.30 s median, BENCHMARKS.md); on a loaded CI
+    # box the bound here is one round of A's requests.
+    assert b_wait < 1.0 + D_S, f"B waited {b_wait:.2f} s behind another Space's backlog"
     done = await asyncio.gather(*a_calls)
     assert sorted(p.result for p in done) == sorted(f"alpha:a{i}" for i in range(14))
     assert clean_fleet["alpha"].stats().peak <= 4
