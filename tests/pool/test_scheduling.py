@@ -76,7 +76,8 @@ async def test_an_idle_space_is_not_held_behind_a_busy_ones_backlog(
     b_wait = time.monotonic() - sent
     print(f"\n[{pool.coordinator.store}] B served in {b_wait:.2f} s behind A's backlog of 10")
     assert b.result == "beta:b"
-    assert order.index("beta") == 4, f"B admitted after {order.index('beta') - 4} of A's waiters"
+    ahead = order.index("beta")  # A's first 4 may finish connecting after B
+    assert ahead <= 4, f"B admitted after {ahead - 4} of A's waiting requests"
     # The 1 s goal is the benchmark's (0.30 s median, BENCHMARKS.md); on a loaded CI
     # box the bound here is one round of A's requests.
     assert b_wait < 1.0 + D_S, f"B waited {b_wait:.2f} s behind another Space's backlog"
