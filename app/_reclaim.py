@@ -144,6 +144,8 @@ class Reclaimer:
             with contextlib.suppress(Exception):
                 await self._values().delete(RUN + job_id)
             return 0
+        if record.owner != info["owner"] and not overdue:
+            return 0  # another worker took it a moment ago (its index entry follows)
         left = float(info["deadline"]) - time.time()
         body = info.get("body")
         retry = record.stage in ("queued", "waking") or bool(body and body["safe_to_retry"])
