@@ -9,13 +9,14 @@ import os
 import signal
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
 from devspaces import SpaceProcess
-from tests.service.conftest import ServiceFactory, ServiceProcess
+from tests.service.conftest import ServiceProcess, service_env
 
 TTL_S = 3.0
 JOBS = 8
@@ -23,9 +24,9 @@ JOB_S = 40.0
 FINAL = {"done", "failed", "cancelled"}
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def lone_space() -> Iterator[SpaceProcess]:
-    """A stand-in Space of this module's own: lost calls run on there after a test."""
+    """A stand-in Space of the test's own: lost calls run on there after the test."""
     space = SpaceProcess("lost")
     try:
         yield space
@@ -33,14 +34,31 @@ def lone_space() -> Iterator[SpaceProcess]:
         space.stop()
 
 
-def start(start_service: ServiceFactory, space: SpaceProcess) -> ServiceProcess:
-    return start_service(
-        workers=2,
-        POOL_SPACES=f"lost={space.url}",
+@pytest.fixture
+def service(lone_space: SpaceProcess, tmp_path: Path) -> Iterator[ServiceProcess]:
+    """Two uvicorn workers over ``lone_space``, sharing an SQLite coordinator."""
+    env = service_env(
+        f"lost={lone_space.url}",
+        tmp_path,
         POOL_LEASE_TTL_S=str(TTL_S),
         POOL_GLOBAL_MAX_CONCURRENT="6",  # two of the eight jobs wait in the queue
         POOL_CONSUMER_MAX_CONCURRENT="8",
+        # uvicorn kills a worker that misses its health check for 5 s: a frozen worker
+        # would be a killed one. Let it stay frozen (and wake) here.
+        UVICORN_TIMEOUT_WORKER_HEALTHCHECK="60",
     )
+    started = ServiceProcess(env, tmp_path / "service.log", workers=2)
+    try:
+        yield started
+    finally:
+        started.stop()
+
+
+def fresh_client(service: ServiceProcess) -> httpx.AsyncClient:
+    """A client that opens a new connection per request: one kept alive to a frozen
+    worker would hang (a new one goes to a worker that accepts)."""
+    limits = httpx.Limits(max_keepalive_connections=0)
+    return httpx.AsyncClient(base_url=service.url, timeout=30, limits=limits)
 
 
 async def follow(client: httpx.AsyncClient, job_id: str) -> list[dict[str, Any]]:
@@ -129,12 +147,11 @@ async def cancel_all(client: httpx.AsyncClient, jobs: list[tuple[str, bool]]) ->
 
 
 async def test_killed_worker_jobs_end_or_run_again(
-    start_service: ServiceFactory, lone_space: SpaceProcess
+    service: ServiceProcess, lone_space: SpaceProcess
 ) -> None:
     """SIGKILL of the worker owning jobs: each is requeued or failed worker_lost within
     TTL + 5 s, every SSE stream ends final, DELETE answers < 1 s, nothing runs twice."""
-    service = start(start_service, lone_space)
-    async with service.client() as client:
+    async with fresh_client(service) as client:
         jobs = await submit_all(client)
         streams = [asyncio.create_task(follow(client, job_id)) for job_id, _ in jobs]
         await asyncio.sleep(2.0)
@@ -154,3 +171,29 @@ async def test_killed_worker_jobs_end_or_run_again(
             assert any(e.get("requeued") == 1 and e["stage"] not in FINAL for e in events)
     retried = sum(1 for job_id, retry in jobs if retry and job_id in requeued)
     assert lone_space.stats().total <= JOBS + retried
+
+
+async def test_frozen_worker_does_not_run_taken_jobs(
+    service: ServiceProcess, lone_space: SpaceProcess
+) -> None:
+    """SIGSTOP of the owner past its TTL: its jobs are taken over; after SIGCONT it does
+    not overwrite them nor keep running them (the Space runs only the live jobs)."""
+    async with fresh_client(service) as client:
+        jobs = await submit_all(client)
+        await asyncio.sleep(2.0)
+        pid, owned = busiest_worker(service)
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            views = await wait_taken(client, jobs, owned, TTL_S + 5)
+        finally:
+            os.kill(pid, signal.SIGCONT)
+        assert len(taken(views)) == owned, views
+        check_taken(views, jobs)
+        await asyncio.sleep(TTL_S)  # the woken worker's sweep has run
+        after = {job_id: (await client.get(f"/api/jobs/{job_id}")).json() for job_id, _ in jobs}
+        for job_id in taken(views):  # the fleet's decision stands
+            assert after[job_id].get("requeued") == views[job_id].get("requeued")
+            assert (after[job_id]["stage"] == "failed") == (views[job_id]["stage"] == "failed")
+        running = sum(1 for view in after.values() if view["stage"] == "running")
+        assert lone_space.stats().in_flight == running, after
+        await cancel_all(client, jobs)
