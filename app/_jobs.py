@@ -55,7 +55,7 @@ from ._upstream import UpstreamView
 _log = logging.getLogger("spacepool.app")
 _HISTORY = 32
 _QUEUE_POLL_S = 0.2
-_REMOTE_CANCEL_S = 0.5  # a DELETE waits this long for another worker to cancel its job
+_REMOTE_CANCEL_S = 0.8  # a DELETE waits this long for another worker to cancel its job
 _CANCELLED = {"error": "cancelled", "message": "cancelled"}
 
 

@@ -89,3 +89,27 @@ async def test_job_cancelled_from_another_worker(
     assert (await a.get(f"/api/jobs/{job_id}")).json()["stage"] == "cancelled"
     stats = await pool.stats()
     assert stats["inUseConnections"] == 0 and stats["admission"]["globalInUse"] == 0
+
+
+async def test_idempotency_key_gives_one_job(
+    two_workers: tuple[httpx.AsyncClient, httpx.AsyncClient, Pool], clean_fleet: SpaceFleet
+) -> None:
+    """The same Idempotency-Key sent 5 times, to either worker, is one job and one call at
+    the Space; another caller with the same key gets a job of their own."""
+    a, b, _ = two_workers
+    body = {"api_name": "/echo", "args": ["once", 0.5], "email": "idem@example.com"}
+    headers = {"Idempotency-Key": "retry-7f3a"}
+    answers = [await (a, b)[i % 2].post("/api/jobs", json=body, headers=headers) for i in range(5)]
+    assert [r.status_code for r in answers] == [202] * 5
+    ids = {r.json()["job_id"] for r in answers}
+    assert len(ids) == 1, ids
+    assert [r.headers.get("Idempotent-Replayed") for r in answers[1:]] == ["true"] * 4
+    job_id = ids.pop()
+    for _ in range(200):
+        if (await b.get(f"/api/jobs/{job_id}")).json()["stage"] == "done":
+            break
+        await asyncio.sleep(0.05)
+    assert (await a.get(f"/api/jobs/{job_id}")).json()["stage"] == "done"
+    assert sum(space.stats().total for space in clean_fleet) == 1
+    other = await a.post("/api/jobs", json={**body, "email": "other@example.com"}, headers=headers)
+    assert other.status_code == 202 and other.json()["job_id"] != job_id
