@@ -48,6 +48,7 @@ KEEPALIVE_S = 15.0
 _ERRORS: dict[int | str, dict[str, Any]] = {
     code: {"model": _ErrorBody, "description": text}
     for code, text in {
+        400: "a body that cannot be parsed (malformed JSON or multipart)",
         401: "missing or wrong bearer token",
         404: "unknown job",
         413: "body too large",
