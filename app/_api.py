@@ -50,6 +50,7 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
     for code, text in {
         400: "a body that cannot be parsed (malformed JSON or multipart)",
         401: "missing or wrong bearer token",
+        403: "admin endpoints: POOL_ADMIN_TOKEN unset, or not the admin token",
         404: "unknown job",
         413: "body too large",
         422: "invalid body, unknown api_name or Space, refused by policy",
