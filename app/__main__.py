@@ -111,7 +111,8 @@ def _banner(url: str, generated_token: str | None, *, demo: bool) -> str:
             f"  curl -s {url}$(curl -s -X POST {url}/api/predict{api_auth} \\",
             "       -H 'Content-Type: application/json' \\",
             """       -d '{"api_name": "/report", "args": ["hello", 3]}' \\""",
-            """       | python3 -c 'import json,sys; print(json.load(sys.stdin)["result"]["file"]["url"])')"""
+            "       | python3 -c 'import json,sys;"
+            """ print(json.load(sys.stdin)["result"]["file"]["url"])')"""
             f"{api_auth}",
             f"Dashboard: {url}/admin    Endpoints of a Space: {url}/api/spaces/pic/api",
             "",
