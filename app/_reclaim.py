@@ -38,10 +38,11 @@ from ._files import FileOutput
 from ._inputs import Call
 from ._jobs import JobRecord, JobRunner
 from ._schemas import PredictRequest
-from ._shared_jobs import OWNER, SharedJobStore
+from ._shared_jobs import SharedJobStore
 
 _log = logging.getLogger("spacepool.app")
-RUN = "jobrun:"
+RUN = "jobrun:"  # jobrun:<job id> → owner, deadline, body of a job not yet final
+OWNER = "jobowner:"  # jobowner:<worker> while that worker is alive
 
 
 def _lost(reason: str) -> dict[str, Any]:

@@ -41,7 +41,6 @@ from ._schemas import FINAL_STAGES
 _log = logging.getLogger("spacepool.app")
 _JOB = "job:"
 _CANCEL = "jobcancel:"
-OWNER = "jobowner:"  # jobowner:<worker> while that worker is alive (app/_reclaim.py)
 _POLL_S = 0.25
 _PARTIAL_FIELDS = frozenset({"partial", "partial_index"})
 
@@ -96,15 +95,6 @@ class SharedJobStore:
             _log.warning("could not share job state (%s)", type(exc).__name__)
             return True
         return stored == text
-
-    async def alive(self, owner: str | None) -> bool:
-        """Whether ``owner``'s heartbeat is live (unknown owner or store: presumed alive)."""
-        if owner is None or owner == self.worker:
-            return True
-        try:
-            return await self._values().get(OWNER + owner) is not None
-        except Exception:
-            return True
 
     async def remote(self, job_id: str) -> JobRecord | None:
         """The shared mirror of ``job_id`` (None: none, or the store is unreachable)."""
