@@ -1,0 +1,282 @@
+"""Downstream Gradio sessions, each pinned to one upstream Space and session.
+
+A client's ``session_hash`` names a :class:`FrontSession`. Its first event is routed
+like any spacepool request (``Pool.client``: routing, the user's pin, admission); the
+Space that admits it becomes the session's Space, and a fresh upstream session
+(:class:`pool.transport.Session`, its own ``session_hash``) is opened there: every
+later event of the session runs in that upstream session, so ``gr.State`` behaves as
+on the Space and never crosses sessions.
+
+Each event holds its admission lease (global, Space, user slots) from its join until
+the Space completes it. The upstream session's messages are relayed, as they arrive,
+into the session's outbox, which the client's ``queue/data`` stream reads
+(gradio/routes.py ``queue_data``: the stream ends with ``close_stream`` once the
+session has no pending event). A Space that drops the session (killed, restarted)
+fails its running events with an error message; the session is unpinned (its state
+is lost, as on a restarted Space) and its next event is routed again, away from that
+Space. The session ends — its events cancelled, its slots freed, the upstream
+session's heartbeat closed (unload handlers run there) — when the client's heartbeat
+stream closes, or after ``idle_s`` without any request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from pool import NoHealthySpaceError, Pool, PooledClient, UpstreamTransportError
+from pool.transport import Call, Session, SessionDropped
+
+from ._rewrite import rewriter
+
+_log = logging.getLogger("spacepool.app")
+
+
+class FrontUnavailable(Exception):
+    """The Space's connection is not on the native transport (POOL_TRANSPORT)."""
+
+
+@dataclass(frozen=True)
+class EventRequest:
+    """One ``queue/join`` as the client sent it, resolved against the served config."""
+
+    api_name: str | None
+    fn_index: int  # in the config the client was served
+    data: list[Any]
+    email: str | None
+    queue_timeout_s: float
+    front_root: str  # the service's address of the client's scope
+
+
+def completed_error(event_id: str, message: str) -> dict[str, Any]:
+    """The message that ends an event with an error, as a Space sends it."""
+    return {"msg": "process_completed", "event_id": event_id, "success": False,
+            "output": {"error": message}}  # fmt: skip
+
+
+class FrontSession:
+    """One downstream ``session_hash`` (see the module docstring)."""
+
+    def __init__(self, scope: str | None, session_hash: str) -> None:
+        self.scope = scope  # the alias of /gradio/{alias}/, None for /gradio/
+        self.hash = session_hash
+        self.space: str | None = scope  # the pinned Space
+        self.upstream: Session | None = None
+        self.outbox: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+        self.pending: set[str] = set()  # joined events not completed yet
+        self.calls: dict[str, Call] = {}
+        self.tasks: set[asyncio.Task[None]] = set()
+        self.avoid: list[str] = []  # Spaces that dropped this session
+        self.heartbeats = 0
+        self.streams = 0
+        self.touched = time.monotonic()
+        self.closed = False
+
+    @property
+    def idle_since(self) -> float | None:
+        """When it went idle (no event, stream or heartbeat open), or None."""
+        busy = self.pending or self.tasks or self.heartbeats or self.streams
+        return None if busy else self.touched
+
+    async def join(self, pool: Pool, event: EventRequest) -> str:
+        """Admit the event and join it upstream; its event id. The lease is held by a
+        task of its own until the Space completes the event."""
+        self.touched = time.monotonic()
+        joined: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+        task = asyncio.get_running_loop().create_task(self._event(pool, event, joined))
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+        try:
+            return await asyncio.shield(joined)
+        except asyncio.CancelledError:
+            if not joined.done():  # the client left before its join was answered
+                task.cancel()
+            raise
+
+    async def _event(self, pool: Pool, event: EventRequest, joined: asyncio.Future[str]) -> None:
+        try:
+            async with contextlib.AsyncExitStack() as stack:
+                handle = await stack.enter_async_context(self._admit(pool, event))
+                call = await self._start(handle, event)
+                event_id = str(call.event_id)
+                self.pending.add(event_id)
+                self.calls[event_id] = call
+                joined.set_result(event_id)
+                await asyncio.wait([call.result])
+                self._finished(handle, call, event_id)
+        except BaseException as exc:
+            if not joined.done():
+                joined.set_exception(exc)
+                if isinstance(exc, Exception):
+                    return
+            raise
+
+    @contextlib.asynccontextmanager
+    async def _admit(self, pool: Pool, event: EventRequest) -> Any:
+        """``Pool.client`` for this session's Space; a pinned Space of the pool that
+        cannot serve any more is dropped (state lost) and the event routed again."""
+        space, entered = self.space, False
+        try:
+            async with pool.client(
+                event.email, space=space, queue_timeout_s=event.queue_timeout_s,
+                avoid=self.avoid, api_name=event.api_name,
+            ) as handle:  # fmt: skip
+                entered = True
+                yield handle
+                return
+        except (NoHealthySpaceError, UpstreamTransportError):
+            if entered or self.scope is not None or space is None:
+                raise
+            self._drop(space)
+        async with pool.client(
+            event.email, queue_timeout_s=event.queue_timeout_s, avoid=self.avoid,
+            api_name=event.api_name,
+        ) as handle:  # fmt: skip
+            yield handle
+
+    async def _start(self, handle: PooledClient, event: EventRequest) -> Call:
+        session = self._upstream_on(handle)
+        endpoint = (session.app.endpoint(event.api_name) if event.api_name is not None
+                    else session.app.endpoints[event.fn_index])  # fmt: skip
+        rewrite = rewriter(session.app.src, event.front_root)
+
+        def relay(msg: dict[str, Any]) -> None:
+            self.outbox.put_nowait(rewrite(msg))
+
+        try:
+            return await session.join_data(endpoint.fn_index, event.data, relay=relay)
+        except Exception as exc:
+            error = handle.report(exc)
+            if isinstance(error, UpstreamTransportError):  # the session is gone there
+                self._drop(handle.space)
+            raise error from exc
+
+    def _upstream_on(self, handle: PooledClient) -> Session:
+        """The upstream session, opened on the admitting Space (and pinned to it)."""
+        if self.upstream is not None and self.space == handle.space:
+            return self.upstream
+        native = handle.raw
+        transport, app = getattr(native, "transport", None), getattr(native, "app", None)
+        if transport is None or app is None:
+            raise FrontUnavailable("the Gradio front needs POOL_TRANSPORT=native")
+        self._close_upstream()
+        self.space = handle.space
+        self.upstream = Session(transport, app, uuid.uuid4().hex)
+        return self.upstream
+
+    def _finished(self, handle: PooledClient, call: Call, event_id: str) -> None:
+        """The event ended: its outcome fed to the pool; a dropped session unpinned and
+        the client told, a completion the Space never sent made up."""
+        self.calls.pop(event_id, None)
+        error = call.result.exception()
+        if error is None:
+            handle.outcome = "success"
+            return
+        if isinstance(error, SessionDropped):
+            handle.report(error)
+            self._drop(handle.space)
+        if event_id in self.pending:  # the Space will not complete it any more
+            self.outbox.put_nowait(
+                completed_error(event_id, f"the Space failed: {error}")
+            )
+
+    def _drop(self, space: str) -> None:
+        """The Space dropped the upstream session: its state is gone; route again."""
+        self._close_upstream()
+        if self.scope is None:
+            self.space = None
+            if space not in self.avoid:
+                self.avoid.append(space)
+
+    def _close_upstream(self) -> None:
+        old, self.upstream = self.upstream, None
+        if old is not None:
+            task = asyncio.get_running_loop().create_task(old.aclose())
+            self.tasks.add(task)
+            task.add_done_callback(self.tasks.discard)
+
+    def delivered(self, msg: dict[str, Any]) -> bool:
+        """Note a message sent to the client; True when the stream should end
+        (its event completed and no other is pending)."""
+        if msg.get("msg") != "process_completed":
+            return False
+        self.pending.discard(str(msg.get("event_id")))
+        return not self.pending
+
+    async def cancel(self, event_id: str) -> None:
+        """Cancel one event upstream (the Space completes it empty)."""
+        call = self.calls.get(event_id)
+        if call is not None:
+            with contextlib.suppress(Exception):
+                await call.cancel()
+
+    async def aclose(self) -> None:
+        """End the session: cancel its events (their slots freed), close upstream."""
+        self.closed = True
+        upstream, self.upstream = self.upstream, None
+        tasks = list(self.tasks)
+        for task in tasks:
+            task.cancel()
+        if upstream is not None:
+            with contextlib.suppress(Exception):
+                await upstream.aclose()
+        for task in tasks:
+            with contextlib.suppress(BaseException):
+                await task
+
+
+class FrontSessions:
+    """Every live :class:`FrontSession` of this process, by (scope, hash)."""
+
+    def __init__(self, idle_s: float) -> None:
+        self.idle_s = idle_s
+        self._sessions: dict[tuple[str | None, str], FrontSession] = {}
+        self._sweeper: asyncio.Task[None] | None = None
+        self._ending: set[asyncio.Task[None]] = set()
+
+    def get(self, scope: str | None, session_hash: str) -> FrontSession | None:
+        return self._sessions.get((scope, session_hash))
+
+    def open(self, scope: str | None, session_hash: str) -> FrontSession:
+        """The session, made on first use."""
+        key = (scope, session_hash)
+        session = self._sessions.get(key)
+        if session is None or session.closed:
+            session = self._sessions[key] = FrontSession(scope, session_hash)
+        if self._sweeper is None or self._sweeper.done():
+            self._sweeper = asyncio.get_running_loop().create_task(self._sweep())
+        return session
+
+    def end_later(self, session: FrontSession) -> None:
+        """:meth:`end` in a task of its own (from a stream that is closing)."""
+        task = asyncio.get_running_loop().create_task(self.end(session))
+        self._ending.add(task)
+        task.add_done_callback(self._ending.discard)
+
+    async def end(self, session: FrontSession) -> None:
+        """Close ``session`` and forget it."""
+        if self._sessions.get((session.scope, session.hash)) is session:
+            del self._sessions[(session.scope, session.hash)]
+        await session.aclose()
+
+    async def _sweep(self) -> None:
+        while self._sessions:
+            await asyncio.sleep(min(30.0, self.idle_s))
+            now = time.monotonic()
+            for session in list(self._sessions.values()):
+                since = session.idle_since
+                if since is not None and now - since > self.idle_s:
+                    await self.end(session)
+
+    async def aclose(self) -> None:
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+        sessions, self._sessions = list(self._sessions.values()), {}
+        await asyncio.gather(*(s.aclose() for s in sessions), return_exceptions=True)
+
+
