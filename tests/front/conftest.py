@@ -1,0 +1,52 @@
+"""Fixtures of the Gradio front: stand-in Spaces of this package and services over them.
+
+``front_fleet``: "victim" (echo kind, killed by a test, so not the shared fleet),
+"shapes" and "media" (image kind). Two services: ``pool_service`` over alpha, beta
+(the shared fleet) and victim — replicas of one app, for ``/gradio/`` — with a global
+cap of 4; ``alias_service`` over shapes and media, for ``/gradio/{alias}/``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from devspaces import SpaceFleet
+from tests.service.conftest import ServiceProcess, service_env
+
+GLOBAL_CAP = 4
+
+
+@pytest.fixture(scope="module")
+def front_fleet() -> Iterator[SpaceFleet]:
+    with SpaceFleet(names=["victim", "shapes", "media"], kind=["echo", "shapes", "image"]) as f:
+        yield f
+
+
+def _start(spaces: str, directory: object, **env: str) -> ServiceProcess:
+    from pathlib import Path
+
+    folder = Path(str(directory))
+    return ServiceProcess(service_env(spaces, folder, **env), folder / "service.log")
+
+
+@pytest.fixture(scope="module")
+def pool_service(
+    fleet: SpaceFleet, front_fleet: SpaceFleet, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[ServiceProcess]:
+    spaces = f"{fleet.pool_spaces_env()},victim={front_fleet['victim'].url}"
+    service = _start(spaces, tmp_path_factory.mktemp("front-pool"),
+                     POOL_GLOBAL_MAX_CONCURRENT=str(GLOBAL_CAP))  # fmt: skip
+    yield service
+    service.stop()
+
+
+@pytest.fixture(scope="module")
+def alias_service(
+    front_fleet: SpaceFleet, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[ServiceProcess]:
+    spaces = ",".join(f"{s.name}={s.url}" for s in front_fleet if s.name != "victim")
+    service = _start(spaces, tmp_path_factory.mktemp("front-alias"))
+    yield service
+    service.stop()

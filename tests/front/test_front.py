@@ -1,0 +1,146 @@
+"""Unmodified gradio_client (and @gradio/client under Node) against the Gradio front."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import hashlib
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from gradio_client import Client, handle_file
+from gradio_client.utils import QueueError
+
+from devspaces import SpaceFleet
+from tests.service.conftest import ServiceProcess
+
+from .conftest import GLOBAL_CAP
+
+CALL_DEADLINE_S = 60.0
+
+
+def _client(url: str, **kw: Any) -> Client:
+    return Client(url, verbose=False, download_files=kw.pop("download_files", False), **kw)
+
+
+def _digest(path: str) -> str:
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+def test_alias_matches_the_space(alias_service: ServiceProcess, front_fleet: SpaceFleet,
+                                 tmp_path: Path) -> None:
+    """predict, submit over a generator, view_api, file in and out: as on the Space."""
+    shapes = front_fleet["shapes"]
+    direct = _client(shapes.url, download_files=str(tmp_path / "d"))
+    front = _client(f"{alias_service.url}/gradio/shapes/", download_files=str(tmp_path / "f"))
+    try:
+        assert front.view_api(return_format="dict", print_info=False) == direct.view_api(
+            return_format="dict", print_info=False
+        )
+        args = ("hi", 2, True)
+        assert front.predict(*args, api_name="/multi") == direct.predict(*args, api_name="/multi")
+        outputs = [list(front.submit("ab", 3, api_name="/count"))]
+        outputs.append(list(direct.submit("ab", 3, api_name="/count")))
+        assert outputs[0] == outputs[1] and len(outputs[0]) == 3
+        got, want = (c.predict("lines", 3, api_name="/bundle") for c in (front, direct))
+        assert got[3] == want[3] and _digest(got[0]) == _digest(want[0])
+    finally:
+        direct.close()
+        front.close()
+    media = front_fleet["media"]
+    upload = tmp_path / "in.bin"
+    upload.write_bytes(os.urandom(5000))
+    direct, front = _client(media.url), _client(f"{alias_service.url}/gradio/media/")
+    try:
+        sums = [c.predict(handle_file(str(upload)), api_name="/checksum") for c in (front, direct)]
+        assert sums[0] == sums[1] == f"5000 {_digest(str(upload))}"
+    finally:
+        direct.close()
+        front.close()
+
+
+def test_output_urls_name_the_service(alias_service: ServiceProcess, front_fleet: SpaceFleet,
+                                      tmp_path: Path) -> None:
+    """A file output's URL is the service's, and the service serves the file."""
+    front = _client(f"{alias_service.url}/gradio/shapes/")
+    try:
+        result = front.predict("x", 2, api_name="/bundle")
+    finally:
+        front.close()
+    data = result[0]
+    assert isinstance(data, dict) and data["url"].startswith(f"{alias_service.url}/gradio/shapes/")
+    assert str(front_fleet["shapes"].url).rstrip("/") not in str(result)
+
+
+def _chat(client: Client, words: list[str]) -> list[str]:
+    return [client.predict(w, api_name="/state") for w in words]
+
+
+def test_state_chat_and_isolation(pool_service: ServiceProcess) -> None:
+    """gr.State over three turns as on the Space; two sessions never see each other's."""
+    one = _client(f"{pool_service.url}/gradio/", headers={"X-Spacepool-User": "a@example.com"})
+    two = _client(f"{pool_service.url}/gradio/")
+    try:
+        assert _chat(one, ["a1", "a2"]) == ["", "a1"]
+        assert _chat(two, ["b1", "b2"]) == ["", "b1"]
+        assert _chat(one, ["a3"]) == ["a2"]
+        assert _chat(two, ["b3"]) == ["b2"]
+    finally:
+        one.close()
+        two.close()
+
+
+def _one_call(url: str, i: int) -> str:
+    client = _client(url)
+    try:
+        job = client.submit(f"c{i}", 0.3, api_name="/echo")
+        return str(job.result(timeout=CALL_DEADLINE_S))
+    except QueueError:
+        return "busy"
+    finally:
+        client.close()
+
+
+def test_thirty_clients_cap_holds(pool_service: ServiceProcess, fleet: SpaceFleet,
+                                  front_fleet: SpaceFleet) -> None:
+    """30 clients at once, global cap 4: at most 4 run at the Spaces; each call ends."""
+    spaces = SpaceFleet.__new__(SpaceFleet)
+    spaces.spaces = [*fleet, front_fleet["victim"]]
+    for space in spaces:
+        space.reset()
+    url = f"{pool_service.url}/gradio/"
+    with concurrent.futures.ThreadPoolExecutor(30) as pool:
+        results = list(pool.map(lambda i: _one_call(url, i), range(30), timeout=120))
+    done = [r for r in results if r != "busy"]
+    assert all(r.split(":", 1)[1].startswith("c") for r in done)
+    assert len(done) >= GLOBAL_CAP
+    assert spaces.concurrent_peak() <= GLOBAL_CAP
+
+
+def test_killed_space_fails_over(pool_service: ServiceProcess, front_fleet: SpaceFleet) -> None:
+    """The session's Space dies mid-call: that call errors, the next one runs elsewhere
+    with fresh state."""
+    victim = front_fleet["victim"]
+    url = f"{pool_service.url}/gradio/"
+    for _ in range(8):  # a session that landed on the victim
+        client = _client(url)
+        before = victim.stats().total
+        assert _chat(client, ["v1"]) == [""]
+        if victim.stats().total > before:
+            break
+        client.close()
+    else:
+        pytest.skip("no session landed on the victim")
+    try:
+        job = client.submit("slow", 30, api_name="/echo")
+        time.sleep(1.0)
+        victim.kill()
+        started = time.monotonic()
+        with pytest.raises(Exception):  # noqa: B017 (an error, whichever the client raises)
+            job.result(timeout=CALL_DEADLINE_S)
+        assert time.monotonic() - started < 30
+        assert _chat(client, ["v2", "v3"]) == ["", "v2"]  # elsewhere, state lost
+    finally:
+        client.close()
