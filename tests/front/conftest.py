@@ -20,7 +20,8 @@ GLOBAL_CAP = 4
 
 @pytest.fixture(scope="module")
 def front_fleet() -> Iterator[SpaceFleet]:
-    with SpaceFleet(names=["victim", "shapes", "media"], kind=["echo", "shapes", "image"]) as f:
+    names, kinds = ["victim", "shapes", "media"], ["echo", "shapes", "image"]
+    with SpaceFleet(names=names, kind=kinds, startup_timeout_s=150) as f:
         yield f
 
 

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import concurrent.futures
 import hashlib
+import json
 import os
+import shutil
+import subprocess
 import time
 from pathlib import Path
 from typing import Any
@@ -124,8 +127,8 @@ def test_killed_space_fails_over(pool_service: ServiceProcess, front_fleet: Spac
     with fresh state."""
     victim = front_fleet["victim"]
     url = f"{pool_service.url}/gradio/"
-    for _ in range(8):  # a session that landed on the victim
-        client = _client(url)
+    for i in range(8):  # a session that landed on the victim (users are spread round-robin)
+        client = _client(url, headers={"X-Spacepool-User": f"k{i}@example.com"})
         before = victim.stats().total
         assert _chat(client, ["v1"]) == [""]
         if victim.stats().total > before:
@@ -144,3 +147,31 @@ def test_killed_space_fails_over(pool_service: ServiceProcess, front_fleet: Spac
         assert _chat(client, ["v2", "v3"]) == ["", "v2"]  # elsewhere, state lost
     finally:
         client.close()
+
+
+JS_DIR = Path(__file__).parent / "js"
+
+
+def _node(*args: str) -> dict[str, Any]:
+    done = subprocess.run(["node", str(JS_DIR / "calls.mjs"), *args], cwd=JS_DIR,
+                          capture_output=True, text=True, timeout=120, check=False)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    return result
+
+
+@pytest.mark.skipif(shutil.which("node") is None or not (JS_DIR / "node_modules").is_dir(),
+                    reason="Node.js or tests/front/js/node_modules (npm ci) missing")  # fmt: skip
+def test_gradio_js_client(alias_service: ServiceProcess, front_fleet: SpaceFleet,
+                          tmp_path: Path) -> None:
+    """@gradio/client: predict, submit iteration, handle_file, file output: as on the Space."""
+    upload = tmp_path / "in.bin"
+    upload.write_bytes(os.urandom(3000))
+    base = f"{alias_service.url}/gradio"
+    front = _node(f"{base}/shapes/", f"{base}/media/", str(upload))
+    direct = _node(front_fleet["shapes"].url, front_fleet["media"].url, str(upload))
+    for key in ("multi", "partials", "text", "checksum", "fileBody"):
+        assert front[key] == direct[key], key
+    assert len(front["partials"]) == 3
+    assert front["checksum"] == [f"3000 {_digest(str(upload))}"]
+    assert front["fileUrl"].startswith(f"{base}/shapes/gradio_api/file=")
