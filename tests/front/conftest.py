@@ -3,7 +3,7 @@
 ``front_fleet``: "victim" (echo kind, killed by a test, so not the shared fleet),
 "shapes" and "media" (image kind). Two services: ``pool_service`` over alpha, beta
 (the shared fleet) and victim — replicas of one app, for ``/gradio/`` — with a global
-cap of 4; ``alias_service`` over shapes and media, for ``/gradio/{alias}/``.
+cap of 4; ``alias_service`` over shapes and media, for ``/gradio/{alias}/``, with an API token.
 """
 
 from __future__ import annotations
@@ -16,6 +16,8 @@ from devspaces import SpaceFleet
 from tests.service.conftest import ServiceProcess, service_env
 
 GLOBAL_CAP = 4
+API_TOKEN = "front-api-token-3c9d"
+AUTH = {"Authorization": f"Bearer {API_TOKEN}"}
 
 
 @pytest.fixture(scope="module")
@@ -48,6 +50,6 @@ def alias_service(
     front_fleet: SpaceFleet, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[ServiceProcess]:
     spaces = ",".join(f"{s.name}={s.url}" for s in front_fleet if s.name != "victim")
-    service = _start(spaces, tmp_path_factory.mktemp("front-alias"))
+    service = _start(spaces, tmp_path_factory.mktemp("front-alias"), POOL_API_TOKEN=API_TOKEN)
     yield service
     service.stop()

@@ -4,9 +4,10 @@ import { Client, handle_file } from "@gradio/client";
 import { readFileSync } from "node:fs";
 
 const [shapesUrl, mediaUrl, uploadPath] = process.argv.slice(2);
+const headers = JSON.parse(process.env.SPACEPOOL_HEADERS || "{}");
 
 async function run() {
-  const shapes = await Client.connect(shapesUrl);
+  const shapes = await Client.connect(shapesUrl, { headers });
   const multi = (await shapes.predict("/multi", ["hi", 2, true])).data;
   const partials = [];
   for await (const msg of shapes.submit("/count", ["ab", 3])) {
@@ -15,9 +16,9 @@ async function run() {
   }
   const bundle = (await shapes.predict("/bundle", ["lines", 2])).data;
   const file = bundle[0];
-  const fileBody = await (await fetch(file.url)).text();
+  const fileBody = await (await fetch(file.url, { headers })).text();
   shapes.close();
-  const media = await Client.connect(mediaUrl);
+  const media = await Client.connect(mediaUrl, { headers });
   const blob = new Blob([readFileSync(uploadPath)]);
   const checksum = (await media.predict("/checksum", [handle_file(blob)])).data;
   media.close();
