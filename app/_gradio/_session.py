@@ -30,11 +30,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from pool import NoHealthySpaceError, Pool, PooledClient, UpstreamTransportError
+from pool.admission import WaitTicket
 from pool.transport import Call, Session, SessionDropped
 
 from ._rewrite import rewriter
 
 _log = logging.getLogger("spacepool.app")
+_ANNOUNCE_S = 0.25
 
 
 class FrontUnavailable(Exception):
@@ -84,11 +86,13 @@ class FrontSession:
         return None if busy else self.touched
 
     async def join(self, pool: Pool, event: EventRequest) -> str:
-        """Admit the event and join it upstream; its event id. The lease is held by a
-        task of its own until the Space completes the event."""
+        """Admit the event and join it upstream; its event id (the service's own: the
+        Space's id is mapped to it in every message). The lease is held by a task of
+        its own until the Space completes the event."""
         self.touched = time.monotonic()
+        event_id = uuid.uuid4().hex
         joined: asyncio.Future[str] = asyncio.get_running_loop().create_future()
-        task = asyncio.get_running_loop().create_task(self._event(pool, event, joined))
+        task = asyncio.get_running_loop().create_task(self._event(pool, event, event_id, joined))
         self.tasks.add(task)
         task.add_done_callback(self.tasks.discard)
         try:
@@ -98,12 +102,15 @@ class FrontSession:
                 task.cancel()
             raise
 
-    async def _event(self, pool: Pool, event: EventRequest, joined: asyncio.Future[str]) -> None:
+    async def _event(
+        self, pool: Pool, event: EventRequest, event_id: str, joined: asyncio.Future[str]
+    ) -> None:
+        ticket = WaitTicket()
+        announcer = asyncio.get_running_loop().create_task(self._announce(ticket, event_id))
         try:
-            async with contextlib.AsyncExitStack() as stack:
-                handle = await stack.enter_async_context(self._admit(pool, event))
-                call = await self._start(handle, event)
-                event_id = str(call.event_id)
+            async with self._admit(pool, event, ticket) as handle:
+                announcer.cancel()
+                call = await self._start(handle, event, event_id)
                 self.pending.add(event_id)
                 self.calls[event_id] = call
                 joined.set_result(event_id)
@@ -115,16 +122,35 @@ class FrontSession:
                 if isinstance(exc, Exception):
                     return
             raise
+        finally:
+            announcer.cancel()
+
+    async def _announce(self, ticket: WaitTicket, event_id: str) -> None:
+        """While the event waits for admission, spacepool's queue position as the
+        Space's own ``estimation`` message (clients keep messages of an event id they
+        do not know yet: gradio_client ``stream_messages``, @gradio/client
+        ``pending_stream_messages``). The ticket has no change signal: looked at
+        every ``_ANNOUNCE_S``."""
+        await asyncio.sleep(_ANNOUNCE_S)  # admitted at once: nothing to say
+        last = None
+        while True:
+            now = (ticket.position, round(ticket.estimate_s, 1))
+            if now != last:
+                self.outbox.put_nowait({"msg": "estimation", "event_id": event_id,
+                                        "rank": now[0], "queue_size": now[0] + 1,
+                                        "rank_eta": now[1]})  # fmt: skip
+                last = now
+            await asyncio.sleep(_ANNOUNCE_S)
 
     @contextlib.asynccontextmanager
-    async def _admit(self, pool: Pool, event: EventRequest) -> Any:
+    async def _admit(self, pool: Pool, event: EventRequest, ticket: WaitTicket) -> Any:
         """``Pool.client`` for this session's Space; a pinned Space of the pool that
         cannot serve any more is dropped (state lost) and the event routed again."""
         space, entered = self.space, False
         try:
             async with pool.client(
                 event.email, space=space, queue_timeout_s=event.queue_timeout_s,
-                avoid=self.avoid, api_name=event.api_name,
+                avoid=self.avoid, api_name=event.api_name, ticket=ticket,
             ) as handle:  # fmt: skip
                 entered = True
                 yield handle
@@ -135,18 +161,18 @@ class FrontSession:
             self._drop(space)
         async with pool.client(
             event.email, queue_timeout_s=event.queue_timeout_s, avoid=self.avoid,
-            api_name=event.api_name,
+            api_name=event.api_name, ticket=ticket,
         ) as handle:  # fmt: skip
             yield handle
 
-    async def _start(self, handle: PooledClient, event: EventRequest) -> Call:
+    async def _start(self, handle: PooledClient, event: EventRequest, event_id: str) -> Call:
         session = self._upstream_on(handle)
         endpoint = (session.app.endpoint(event.api_name) if event.api_name is not None
                     else session.app.endpoints[event.fn_index])  # fmt: skip
         rewrite = rewriter(session.app.src, event.front_root)
 
         def relay(msg: dict[str, Any]) -> None:
-            self.outbox.put_nowait(rewrite(msg))
+            self.outbox.put_nowait(rewrite({**msg, "event_id": event_id}))
 
         try:
             return await session.join_data(endpoint.fn_index, event.data, relay=relay)
@@ -187,6 +213,8 @@ class FrontSession:
 
     def _drop(self, space: str) -> None:
         """The Space dropped the upstream session: its state is gone; route again."""
+        _log.info("Gradio front: Space %s dropped a session; its next event is routed again",
+                  space)  # fmt: skip
         self._close_upstream()
         if self.scope is None:
             self.space = None
