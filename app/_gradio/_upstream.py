@@ -24,8 +24,9 @@ _PASSED_HEADERS = ("content-type", "content-length", "content-disposition", "cac
 
 
 async def transport_of(pool: Pool, name: str) -> tuple[SpaceTransport, AppInfo]:
-    """The Space's HTTP transport and its current app (a new ``app_id`` re-read);
-    a connection is opened if the Space has none yet (no slot is taken)."""
+    """The Space's HTTP transport and its app as last read (the pool re-reads it when
+    the Space restarts); a connection is opened if the Space has none yet (no slot is
+    taken)."""
     await pool.start()
     sp = pool.spaces.get(name)
     if sp is None:
@@ -38,7 +39,7 @@ async def transport_of(pool: Pool, name: str) -> tuple[SpaceTransport, AppInfo]:
         transport = getattr(conn.client, "transport", None)
         if not isinstance(transport, SpaceTransport):
             raise FrontUnavailable("the Gradio front needs POOL_TRANSPORT=native")
-        return transport, await transport.load()
+        return transport, transport.app or await transport.load()
     finally:
         if leased is not None:
             sp.checkin(leased, discard=False)

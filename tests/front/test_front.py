@@ -102,7 +102,8 @@ def test_state_chat_and_isolation(pool_service: ServiceProcess) -> None:
 
 
 def _one_call(url: str, i: int) -> str:
-    client = _client(url)
+    # A generous deadline per request (httpx's default is 5 s): the machine may be loaded.
+    client = _client(url, httpx_kwargs={"timeout": CALL_DEADLINE_S})
     try:
         job = client.submit(f"c{i}", 0.3, api_name="/echo")
         return str(job.result(timeout=CALL_DEADLINE_S))
