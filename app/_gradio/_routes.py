@@ -36,6 +36,7 @@ from .._auth import require_api_token
 from .._errors import describe
 from .._logging import context_of
 from .._settings import ServiceSettings
+from . import _rest
 from ._rewrite import rewriter
 from ._session import EventRequest, FrontSession, FrontSessions, FrontUnavailable
 from ._upstream import file_headers, front_config, open_file, served, transport_of
@@ -161,11 +162,11 @@ async def file(request: Request) -> Response:
             if response is None:
                 await stack.aclose()
                 continue
-            return StreamingResponse(_body(response, stack), headers=file_headers(response))
+            return StreamingResponse(_file_body(response, stack), headers=file_headers(response))
     return JSONResponse({"detail": "File not found"}, status_code=404)
 
 
-async def _body(response: Any, stack: contextlib.AsyncExitStack) -> AsyncIterator[bytes]:
+async def _file_body(response: Any, stack: contextlib.AsyncExitStack) -> AsyncIterator[bytes]:
     async with stack:
         async for chunk in response.aiter_bytes(64 * 1024):
             yield chunk
@@ -185,8 +186,15 @@ def _check_files(request: Request, data: list[Any]) -> None:
 
 
 # -- the queue ---------------------------------------------------------------------------
+async def _body(request: Request) -> Any:
+    try:
+        return await request.json()
+    except ValueError:
+        return None
+
+
 async def join(request: Request) -> Response:
-    body = await request.json()
+    body = await _body(request)
     session_hash = body.get("session_hash") if isinstance(body, dict) else None
     if not isinstance(session_hash, str) or not session_hash:
         return JSONResponse({"detail": "session_hash is required"}, status_code=400)
@@ -250,7 +258,7 @@ async def _stream(session: FrontSession) -> AsyncIterator[str]:
 
 
 async def cancel(request: Request) -> Response:
-    body = await request.json()
+    body = await _body(request)
     if isinstance(body, dict):
         session = sessions(request).get(_scope(request), str(body.get("session_hash", "")))
         if session is not None:
@@ -285,6 +293,14 @@ async def _beats(front: FrontSessions, session: FrontSession) -> AsyncIterator[s
             front.end_later(session)
 
 
+async def call_post(request: Request) -> Response:
+    return await _rest.call_post(request, sessions(request), _scope(request), _event, _error)
+
+
+async def call_get(request: Request) -> Response:
+    return await _rest.call_get(request, sessions(request))
+
+
 def _add(base: str) -> None:
     api = base + "/gradio_api"
     for path, endpoint, methods in (
@@ -298,6 +314,8 @@ def _add(base: str) -> None:
         (api + "/cancel", cancel, ["POST"]),
         (api + "/reset", reset, ["POST"]),
         (api + "/heartbeat/{session_hash}", heartbeat, ["GET"]),
+        (api + "/call/{api_name}", call_post, ["POST"]),
+        (api + "/call/{api_name}/{event_id}", call_get, ["GET"]),
     ):
         router.add_api_route(path, endpoint, methods=methods)
 

@@ -266,6 +266,8 @@ class FrontSessions:
         self._sessions: dict[tuple[str | None, str], FrontSession] = {}
         self._sweeper: asyncio.Task[None] | None = None
         self._ending: set[asyncio.Task[None]] = set()
+        # REST calls (._rest) not read yet: event id → (session, made for the call)
+        self.rest: dict[str, tuple[FrontSession, bool]] = {}
 
     def get(self, scope: str | None, session_hash: str) -> FrontSession | None:
         return self._sessions.get((scope, session_hash))

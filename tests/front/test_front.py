@@ -184,3 +184,26 @@ def test_gradio_js_client(alias_service: ServiceProcess, front_fleet: SpaceFleet
     assert len(front["partials"]) >= 3  # each partial, then the final output
     assert front["checksum"] == [f"3000 {_digest(str(upload))}"]
     assert front["fileUrl"].startswith(f"{base}/shapes/gradio_api/file=")
+
+
+def _rest(base: str, api: str, data: list[Any], headers: dict[str, str]) -> list[tuple[str, Any]]:
+    with httpx.Client(base_url=base, headers=headers, timeout=CALL_DEADLINE_S) as http:
+        posted = http.post(f"gradio_api/call/{api}", json={"data": data})
+        assert posted.status_code == 200, posted.text
+        events, kind = [], ""
+        with http.stream("GET", f"gradio_api/call/{api}/{posted.json()['event_id']}") as got:
+            for line in got.iter_lines():
+                if line.startswith("event:"):
+                    kind = line.split(":", 1)[1].strip()
+                elif line.startswith("data:") and kind != "heartbeat":
+                    events.append((kind, json.loads(line.split(":", 1)[1])))
+    return events
+
+
+def test_rest_call_form(alias_service: ServiceProcess, front_fleet: SpaceFleet) -> None:
+    """call/{api_name}: the same events (generating outputs whole, then complete)."""
+    front_base = f"{alias_service.url}/gradio/shapes/"
+    for api, data in (("multi", ["hi", 2, True]), ("count", ["ab", 3])):
+        got = _rest(front_base, api, data, AUTH)
+        want = _rest(front_fleet["shapes"].url, api, data, {})
+        assert got == want and got[-1][0] == "complete"
