@@ -43,7 +43,7 @@ from ._api import router
 from ._dashboard import router as dashboard_router
 from ._files import FileStore, run_sweeper
 from ._files import router as files_router
-from ._gradio import FrontSessions
+from ._gradio import FrontSessions, uploads_dir
 from ._gradio import router as gradio_router
 from ._history import Activity, run_sampler
 from ._jobs import JobRunner, JobStore, MemoryJobStore
@@ -95,7 +95,9 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
     )
     app.state.files = files
     sweeper = asyncio.get_running_loop().create_task(run_sweeper(files))
-    front = app.state.gradio_sessions = FrontSessions(settings.gradio_session_idle_s)
+    front = app.state.gradio_sessions = FrontSessions(
+        settings.gradio_session_idle_s, uploads_dir(settings), settings.file_ttl_s
+    )
     _log.info(
         "serving %d Space(s): %s; admission store %s",
         len(pool.spaces),

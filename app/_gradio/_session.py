@@ -24,9 +24,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import shutil
 import time
 import uuid
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from pool import NoHealthySpaceError, Pool, PooledClient, UpstreamTransportError
@@ -246,6 +248,8 @@ class FrontSession:
     async def aclose(self) -> None:
         """End the session: cancel its events (their slots freed), close upstream."""
         self.closed = True
+        # A Space keeps running an event whose stream was cut: cancel each there first.
+        await asyncio.gather(*(self.cancel(event_id) for event_id in list(self.calls)))
         upstream, self.upstream = self.upstream, None
         tasks = list(self.tasks)
         for task in tasks:
@@ -261,8 +265,10 @@ class FrontSession:
 class FrontSessions:
     """Every live :class:`FrontSession` of this process, by (scope, hash)."""
 
-    def __init__(self, idle_s: float) -> None:
+    def __init__(self, idle_s: float, uploads: Path, uploads_ttl_s: float) -> None:
         self.idle_s = idle_s
+        self.uploads = uploads  # the folder of the clients' uploads (._routes.upload)
+        self.uploads_ttl_s = uploads_ttl_s
         self._sessions: dict[tuple[str | None, str], FrontSession] = {}
         self._sweeper: asyncio.Task[None] | None = None
         self._ending: set[asyncio.Task[None]] = set()
@@ -295,8 +301,10 @@ class FrontSessions:
         await session.aclose()
 
     async def _sweep(self) -> None:
-        while self._sessions:
-            await asyncio.sleep(min(30.0, self.idle_s))
+        """End idle sessions; delete uploads older than ``uploads_ttl_s``."""
+        while True:
+            await asyncio.sleep(min(30.0, self.idle_s, self.uploads_ttl_s))
+            await asyncio.to_thread(_remove_old, self.uploads, time.time() - self.uploads_ttl_s)
             now = time.monotonic()
             for session in list(self._sessions.values()):
                 since = session.idle_since
@@ -310,3 +318,13 @@ class FrontSessions:
         await asyncio.gather(*(s.aclose() for s in sessions), return_exceptions=True)
 
 
+
+
+def _remove_old(folder: Path, before: float) -> None:
+    """Remove the upload folders in ``folder`` last changed before ``before``."""
+    if not folder.is_dir():
+        return
+    for entry in folder.iterdir():
+        with contextlib.suppress(OSError):
+            if entry.stat().st_mtime < before:
+                shutil.rmtree(entry, ignore_errors=True)

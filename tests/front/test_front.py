@@ -18,7 +18,7 @@ from gradio_client import Client, handle_file
 from gradio_client.utils import QueueError
 
 from devspaces import SpaceFleet
-from tests.service.conftest import ServiceProcess
+from tests.service.conftest import ServiceProcess, admin_headers
 
 from .conftest import AUTH, GLOBAL_CAP
 
@@ -99,6 +99,26 @@ def test_state_chat_and_isolation(pool_service: ServiceProcess) -> None:
     finally:
         one.close()
         two.close()
+
+
+def test_closed_session_frees_its_slots(pool_service: ServiceProcess, fleet: SpaceFleet,
+                                        front_fleet: SpaceFleet) -> None:
+    """A client that closes (its heartbeat ends) has its running event cancelled at the
+    Space and its slots freed."""
+    spaces = [*fleet, front_fleet["victim"]]
+    client = _client(f"{pool_service.url}/gradio/")
+    client.submit("long", 60, api_name="/echo")
+    deadline = time.monotonic() + 30
+    while sum(s.stats().in_flight for s in spaces) == 0:
+        assert time.monotonic() < deadline, "the event never started"
+        time.sleep(0.05)
+    client.close()
+    deadline = time.monotonic() + 20
+    while sum(s.stats().in_flight for s in spaces) > 0:
+        assert time.monotonic() < deadline, "the event still runs at the Space"
+        time.sleep(0.05)
+    stats = httpx.get(f"{pool_service.url}/api/admin/pool-stats", headers=admin_headers()).json()
+    assert stats["inUseConnections"] == 0
 
 
 def _one_call(url: str, i: int) -> str:
