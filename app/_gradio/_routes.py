@@ -43,6 +43,9 @@ from ._upstream import file_headers, front_config, open_file, served, transport_
 
 USER_HEADER = "x-spacepool-user"
 KEEPALIVE_S = 15.0  # gradio/utils.py get_heartbeat_rate
+# Our heartbeat stream writes more often than a Space's: a client that went away (whose
+# close does not shut the socket: gradio_client) is seen at the next write.
+ALIVE_S = 5.0
 _SSE = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 router = APIRouter(dependencies=[Depends(require_api_token)], include_in_schema=False)
@@ -285,7 +288,7 @@ async def _beats(front: FrontSessions, session: FrontSession) -> AsyncIterator[s
     try:
         while True:
             yield "data: ALIVE\n\n"
-            await asyncio.sleep(KEEPALIVE_S)
+            await asyncio.sleep(ALIVE_S)
     finally:
         session.heartbeats -= 1
         session.touched = time.monotonic()
