@@ -20,9 +20,9 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from gradio_client import utils as gradio_utils
 
-from pool import InvalidRequest, PoolError, get_pool
+from pool import InvalidRequest, get_pool
 
-from ._session import EventRequest, FrontSession, FrontSessions, FrontUnavailable
+from ._session import EventRequest, FrontSession, FrontSessions
 from ._upstream import served
 
 KEEPALIVE_S = 15.0
@@ -33,31 +33,28 @@ async def call_post(
     front: FrontSessions,
     scope: str | None,
     event_of: Callable[[Request, dict[str, Any]], Awaitable[EventRequest]],
-    error: Callable[[BaseException], Response],
 ) -> Response:
-    """``POST call/{api_name}``; ``event_of(request, body)`` builds the event as a join's,
-    ``error(exc)`` answers a failure."""
+    """``POST call/{api_name}``; ``event_of(request, body)`` builds the event as a join's.
+    Failures are raised (the routes answer them)."""
     try:
         body = await request.json()
-        if not isinstance(body, dict) or not isinstance(body.get("data"), list):
-            raise InvalidRequest('the body must be {"data": [...]}')
-        _, _, app = await served(get_pool(), scope)
-        name = "/" + str(request.path_params["api_name"]).strip("/")
-        endpoint = app.endpoint(name) if name in app.api_names() else None
-        if endpoint is None:
-            raise InvalidRequest(f"no endpoint {name!r}; this app has {app.api_names()}")
-        data = list(body["data"])
-        for position in endpoint.state_inputs:  # prepare_simple_api_data
-            data.insert(position, None)
-        given = body.get("session_hash")
-        session_hash = given if isinstance(given, str) and given else uuid.uuid4().hex
-        event = await event_of(request, {"fn_index": endpoint.fn_index, "data": data})
-        session = front.open(scope, session_hash)
-        event_id = await session.join(get_pool(), event)
     except ValueError as exc:
-        return error(InvalidRequest(f"invalid body: {exc}"))
-    except (PoolError, FrontUnavailable) as exc:
-        return error(exc)
+        raise InvalidRequest(f"invalid body: {exc}") from None
+    if not isinstance(body, dict) or not isinstance(body.get("data"), list):
+        raise InvalidRequest('the body must be {"data": [...]}')
+    _, _, app = await served(get_pool(), scope)
+    name = "/" + str(request.path_params["api_name"]).strip("/")
+    endpoint = app.endpoint(name) if name in app.api_names() else None
+    if endpoint is None:
+        raise InvalidRequest(f"no endpoint {name!r}; this app has {app.api_names()}")
+    data = list(body["data"])
+    for position in endpoint.state_inputs:  # prepare_simple_api_data
+        data.insert(position, None)
+    given = body.get("session_hash")
+    session_hash = given if isinstance(given, str) and given else uuid.uuid4().hex
+    event = await event_of(request, {"fn_index": endpoint.fn_index, "data": data})
+    session = front.open(scope, session_hash)
+    event_id = await session.join(get_pool(), event)
     front.rest[event_id] = (session, not isinstance(given, str) or not given)
     return JSONResponse({"event_id": event_id})
 

@@ -17,14 +17,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import os
 import secrets
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
+import httpx
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import FileResponse, JSONResponse, Response, StreamingResponse
 from gradio_client import utils as gradio_utils
@@ -48,6 +50,7 @@ KEEPALIVE_S = 15.0  # gradio/utils.py get_heartbeat_rate
 ALIVE_S = 5.0
 _SSE = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
+Endpoint = Callable[[Request], Awaitable[Response]]
 router = APIRouter(dependencies=[Depends(require_api_token)], include_in_schema=False)
 
 
@@ -94,29 +97,20 @@ def _error(exc: BaseException) -> Response:
 
 # -- config and API ----------------------------------------------------------------------
 async def config(request: Request) -> Response:
-    try:
-        _, _, app = await served(get_pool(), _scope(request))
-    except (PoolError, FrontUnavailable) as exc:
-        return _error(exc)
+    _, _, app = await served(get_pool(), _scope(request))
     return JSONResponse(front_config(app, _front_root(request)))
 
 
 async def info(request: Request) -> Response:
     """The Space's ``info`` as it answers it (with the caller's query)."""
-    try:
-        _, transport, app = await served(get_pool(), _scope(request))
-    except (PoolError, FrontUnavailable) as exc:
-        return _error(exc)
+    _, transport, app = await served(get_pool(), _scope(request))
     upstream = await transport.http.get(app.url("info"), params=request.query_params)
     body = rewriter(app.src, _front_root(request))(upstream.json())
     return JSONResponse(body, status_code=upstream.status_code)
 
 
 async def app_id(request: Request) -> Response:
-    try:
-        _, _, app = await served(get_pool(), _scope(request))
-    except (PoolError, FrontUnavailable) as exc:
-        return _error(exc)
+    _, _, app = await served(get_pool(), _scope(request))
     return JSONResponse({"app_id": app.app_id})
 
 
@@ -201,12 +195,9 @@ async def join(request: Request) -> Response:
     session_hash = body.get("session_hash") if isinstance(body, dict) else None
     if not isinstance(session_hash, str) or not session_hash:
         return JSONResponse({"detail": "session_hash is required"}, status_code=400)
-    try:
-        event = await _event(request, body)
-        session = sessions(request).open(_scope(request), session_hash)
-        event_id = await session.join(get_pool(), event)
-    except (PoolError, FrontUnavailable) as exc:
-        return _error(exc)
+    event = await _event(request, body)
+    session = sessions(request).open(_scope(request), session_hash)
+    event_id = await session.join(get_pool(), event)
     context_of(request).space = session.space
     return JSONResponse({"event_id": event_id})
 
@@ -297,11 +288,27 @@ async def _beats(front: FrontSessions, session: FrontSession) -> AsyncIterator[s
 
 
 async def call_post(request: Request) -> Response:
-    return await _rest.call_post(request, sessions(request), _scope(request), _event, _error)
+    return await _rest.call_post(request, sessions(request), _scope(request), _event)
 
 
 async def call_get(request: Request) -> Response:
     return await _rest.call_get(request, sessions(request))
+
+
+def _answering(endpoint: Endpoint) -> Endpoint:
+    """``endpoint`` with our failures answered as a Space answers its own."""
+
+    @functools.wraps(endpoint)
+    async def answered(request: Request) -> Response:
+        try:
+            return await endpoint(request)
+        except (PoolError, FrontUnavailable) as exc:
+            return _error(exc)
+        except httpx.HTTPError as exc:
+            detail = f"the Space failed ({type(exc).__name__})"
+            return JSONResponse({"detail": detail}, status_code=502)
+
+    return answered
 
 
 def _add(base: str) -> None:
@@ -320,7 +327,7 @@ def _add(base: str) -> None:
         (api + "/call/{api_name}", call_post, ["POST"]),
         (api + "/call/{api_name}/{event_id}", call_get, ["GET"]),
     ):
-        router.add_api_route(path, endpoint, methods=methods)
+        router.add_api_route(path, _answering(endpoint), methods=methods)
 
 
 _add("/gradio")

@@ -227,3 +227,20 @@ def test_rest_call_form(alias_service: ServiceProcess, front_fleet: SpaceFleet) 
         got = _rest(front_base, api, data, AUTH)
         want = _rest(front_fleet["shapes"].url, api, data, {})
         assert got == want and got[-1][0] == "complete"
+
+
+def test_bad_requests_are_answered(alias_service: ServiceProcess) -> None:
+    """What a caller can send wrong is a 4xx, never a 500; no file of the service leaks."""
+    base = f"{alias_service.url}/gradio"
+    with httpx.Client(headers=AUTH, timeout=CALL_DEADLINE_S) as http:
+        assert http.get(f"{base}/nowhere/config").status_code == 422
+        join = f"{base}/media/gradio_api/queue/join"
+        assert http.post(join, content=b"{not json").status_code == 400
+        assert http.post(join, json={"fn_index": 0, "data": []}).status_code == 400
+        body = {"session_hash": "s1", "fn_index": 999, "data": []}
+        assert http.post(join, json=body).status_code == 422
+        config = http.get(f"{base}/media/config").json()
+        fn = next(d["id"] for d in config["dependencies"] if d.get("api_name") == "checksum")
+        stolen = {"path": "/etc/hostname", "meta": {"_type": "gradio.FileData"}}
+        body = {"session_hash": "s1", "fn_index": fn, "data": [stolen]}
+        assert http.post(join, json=body).status_code == 422
