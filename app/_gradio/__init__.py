@@ -3,6 +3,7 @@
 app) gets pooling, session pinning, admission and failover.
 
 * :mod:`._routes` — the Gradio routes, answered as a Space answers them;
+* :mod:`._rest` — the REST form, ``call/{api_name}``;
 * :mod:`._session` — downstream sessions pinned to an upstream Space and session;
 * :mod:`._upstream` — the Spaces' config, API and files (no admission);
 * :mod:`._rewrite` — no Space address reaches the caller.
