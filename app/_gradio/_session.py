@@ -33,7 +33,7 @@ from typing import Any
 
 from pool import NoHealthySpaceError, Pool, PooledClient, UpstreamTransportError
 from pool.admission import WaitTicket
-from pool.transport import Call, Session, SessionDropped
+from pool.transport import Call, CallCancelled, Session, SessionDropped
 
 from ._rewrite import rewriter
 
@@ -74,6 +74,7 @@ class FrontSession:
         self.outbox: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
         self.pending: set[str] = set()  # joined events not completed yet
         self.calls: dict[str, Call] = {}
+        self.completed: set[str] = set()  # events whose completion was relayed
         self.tasks: set[asyncio.Task[None]] = set()
         self.avoid: list[str] = []  # Spaces that dropped this session
         self.heartbeats = 0
@@ -174,6 +175,8 @@ class FrontSession:
         rewrite = rewriter(session.app.src, event.front_root)
 
         def relay(msg: dict[str, Any]) -> None:
+            if msg.get("msg") == "process_completed":
+                self.completed.add(event_id)
             self.outbox.put_nowait(rewrite({**msg, "event_id": event_id}))
 
         try:
@@ -201,6 +204,8 @@ class FrontSession:
         """The event ended: its outcome fed to the pool; a dropped session unpinned and
         the client told, a completion the Space never sent made up."""
         self.calls.pop(event_id, None)
+        relayed = event_id in self.completed
+        self.completed.discard(event_id)
         error = call.result.exception()
         if error is None:
             handle.outcome = "success"
@@ -208,7 +213,9 @@ class FrontSession:
         if isinstance(error, SessionDropped):
             handle.report(error)
             self._drop(handle.space)
-        if event_id in self.pending:  # the Space will not complete it any more
+        if isinstance(error, CallCancelled):
+            return  # the Space completes a cancelled event itself (relayed)
+        if not relayed:  # the Space will not complete it any more
             self.outbox.put_nowait(
                 completed_error(event_id, f"the Space failed: {error}")
             )

@@ -101,6 +101,28 @@ def test_state_chat_and_isolation(pool_service: ServiceProcess) -> None:
         two.close()
 
 
+def _wait_in_flight(spaces: list[Any], more_than_zero: bool, what: str) -> None:
+    deadline = time.monotonic() + 30
+    while (sum(s.stats().in_flight for s in spaces) > 0) != more_than_zero:
+        assert time.monotonic() < deadline, what
+        time.sleep(0.05)
+
+
+def test_cancel_reaches_the_space(pool_service: ServiceProcess, fleet: SpaceFleet,
+                                  front_fleet: SpaceFleet) -> None:
+    """job.cancel() through the front stops the event at the Space; the session goes on."""
+    spaces = [*fleet, front_fleet["victim"]]
+    client = _client(f"{pool_service.url}/gradio/")
+    try:
+        job = client.submit("long", 60, api_name="/echo")
+        _wait_in_flight(spaces, True, "the event never started")
+        job.cancel()
+        _wait_in_flight(spaces, False, "the event still runs at the Space")
+        assert client.predict("next", 0, api_name="/echo").endswith(":next")
+    finally:
+        client.close()
+
+
 def test_closed_session_frees_its_slots(pool_service: ServiceProcess, fleet: SpaceFleet,
                                         front_fleet: SpaceFleet) -> None:
     """A client that closes (its heartbeat ends) has its running event cancelled at the
@@ -108,15 +130,9 @@ def test_closed_session_frees_its_slots(pool_service: ServiceProcess, fleet: Spa
     spaces = [*fleet, front_fleet["victim"]]
     client = _client(f"{pool_service.url}/gradio/")
     client.submit("long", 60, api_name="/echo")
-    deadline = time.monotonic() + 30
-    while sum(s.stats().in_flight for s in spaces) == 0:
-        assert time.monotonic() < deadline, "the event never started"
-        time.sleep(0.05)
+    _wait_in_flight(spaces, True, "the event never started")
     client.close()
-    deadline = time.monotonic() + 20
-    while sum(s.stats().in_flight for s in spaces) > 0:
-        assert time.monotonic() < deadline, "the event still runs at the Space"
-        time.sleep(0.05)
+    _wait_in_flight(spaces, False, "the event still runs at the Space")
     stats = httpx.get(f"{pool_service.url}/api/admin/pool-stats", headers=admin_headers()).json()
     assert stats["inUseConnections"] == 0
 
