@@ -212,11 +212,13 @@ async def _event(request: Request, body: dict[str, Any]) -> EventRequest:
     if not isinstance(data, list):
         raise InvalidRequest("data must be a list")
     _check_files(request, data)
+    endpoint = app.endpoints[fn_index]
     email = _email(request)
     context_of(request).user = pool.hash_user(email)
     settings = _settings(request)
     return EventRequest(
-        api_name=app.endpoints[fn_index].api_name, fn_index=fn_index, data=data, email=email,
+        api_name=endpoint.api_name if endpoint.public else None, fn_index=fn_index, data=data,
+        email=email,
         queue_timeout_s=min(settings.gradio_queue_wait_s, pool.settings.queue_timeout_s),
         front_root=_front_root(request),
     )  # fmt: skip

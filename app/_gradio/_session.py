@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pool import NoHealthySpaceError, Pool, PooledClient, UpstreamTransportError
+from pool import InvalidRequest, NoHealthySpaceError, Pool, PooledClient, UpstreamTransportError
 from pool.admission import WaitTicket
 from pool.transport import Call, CallCancelled, Session, SessionDropped
 
@@ -170,8 +170,12 @@ class FrontSession:
 
     async def _start(self, handle: PooledClient, event: EventRequest, event_id: str) -> Call:
         session = self._upstream_on(handle)
-        endpoint = (session.app.endpoint(event.api_name) if event.api_name is not None
-                    else session.app.endpoints[event.fn_index])  # fmt: skip
+        endpoint = session.app.endpoints.get(event.fn_index)
+        if endpoint is None or endpoint.api_name != event.api_name:  # not a replica's order
+            try:
+                endpoint = session.app.endpoint(event.api_name)
+            except ValueError as exc:
+                raise InvalidRequest(f"{handle.space} cannot run this event: {exc}") from None
         rewrite = rewriter(session.app.src, event.front_root)
 
         def relay(msg: dict[str, Any]) -> None:
