@@ -23,6 +23,7 @@ Behind this module, one concept each:
 * :mod:`app._streaming` — ``POST /api/predict`` answered as Server-Sent Events;
 * :mod:`app._metrics` — Prometheus; :mod:`app._logging` — JSON access log;
 * :mod:`app._limits` — request body size cap; :mod:`app._settings` — the knobs;
+* :mod:`app._gradio` — ``/gradio/{alias}/`` and ``/gradio/``: the Gradio API itself;
 * :mod:`app._dashboard` — ``GET /admin``, the page; :mod:`app._history` — the rolling
   activity (requests per minute, error classes, queue history) it and pool-stats show.
 """
@@ -44,6 +45,8 @@ from ._api import router
 from ._dashboard import router as dashboard_router
 from ._files import FileOutput, FileStore, run_sweeper
 from ._files import router as files_router
+from ._gradio import FrontSessions, uploads_dir
+from ._gradio import router as gradio_router
 from ._history import Activity, run_sampler
 from ._jobs import JobRunner, MemoryJobStore
 from ._limits import BodySizeLimit
@@ -92,6 +95,9 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
     watcher = asyncio.get_running_loop().create_task(runner.watch_cancellations())
     app.state.jobs = runner
     sweeper = asyncio.get_running_loop().create_task(run_sweeper(files))
+    front = app.state.gradio_sessions = FrontSessions(
+        settings.gradio_session_idle_s, uploads_dir(settings), settings.file_ttl_s
+    )
     _log.info(
         "serving %d Space(s): %s; admission store %s",
         len(pool.spaces),
@@ -102,6 +108,7 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
         yield
     finally:
         reclaim.cancel()
+        await front.aclose()  # Gradio sessions: their events' slots freed
         watcher.cancel()
         sweeper.cancel()
         await files.aclose()
@@ -167,6 +174,7 @@ def create_app(settings: ServiceSettings | None = None) -> FastAPI:
     app.include_router(files_router)
     app.include_router(spaces_router)
     app.include_router(dashboard_router)
+    app.include_router(gradio_router)
     return app
 
 

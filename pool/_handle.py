@@ -44,6 +44,7 @@ from ._exceptions import (
     LeaseLost,
     MisuseError,
     PoolClosedError,
+    PoolError,
     UnknownEndpoint,
 )
 from ._guard import check_outbound
@@ -399,6 +400,14 @@ class PooledClient:
         if self._conn is not None:
             self._conn.cancels = [c for c in self._conn.cancels if not c.done()] + [cancel]
         return cancel
+
+    def report(self, exc: BaseException) -> PoolError:
+        """Feed the failure of work run on this lease outside :meth:`submit` (a relay
+        on the connection's transport) to the pool as a job's own failure would be
+        (connection, window, breaker, failover); returns the typed error."""
+        classified = classify(exc)
+        self._failed(classified)
+        return classified.error
 
     def _failed(self, classified: Classified) -> None:
         if classified.discard_connection:

@@ -43,7 +43,7 @@ from ._events import (
 )
 from ._feed import Feed
 from ._files import Downloaded, Redirected, TooLarge, download_to, file_url, safe_name
-from ._session import EVENTS_KEEP, Call, CallCancelled, Session, SessionDropped
+from ._session import EVENTS_KEEP, Call, CallCancelled, Relay, Session, SessionDropped
 from ._space import ShortBody, SpaceTransport
 
 __all__ = [
@@ -58,6 +58,7 @@ __all__ = [
     "ProgressUnit",
     "ProtocolNotSupported",
     "Redirected",
+    "Relay",
     "Session",
     "SessionDropped",
     "ShortBody",

@@ -28,7 +28,7 @@ import asyncio
 import contextlib
 import json
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import httpx
@@ -41,6 +41,8 @@ from ._events import UpstreamDone, UpstreamEvent, UpstreamPartial, status_event
 from ._feed import Feed
 from ._space import SpaceTransport
 
+Relay = Callable[[dict[str, Any]], None]
+"""Gets every raw queue message of one call (``Session.join_data``)."""
 EVENTS_KEEP = 256  # events kept per call for a reader that falls behind
 _READER_END_S = 0.5  # closing: how long an idle reader may take to see its stream end
 
@@ -91,6 +93,34 @@ class Session:
         self._all.add(call)
         call._task = asyncio.get_running_loop().create_task(call._run())
         call._task.add_done_callback(lambda _: self._all.discard(call))
+        return call
+
+    async def join_data(
+        self,
+        fn_index: int,
+        data: list[Any],
+        *,
+        headers: Mapping[str, str] | None = None,
+        relay: Relay | None = None,
+    ) -> Call:
+        """Join a call of ``fn_index`` with its wire ``data`` as a client sent it (a
+        relay: no argument binding; local files among it uploaded first) and return it
+        once the Space named it. ``relay(msg)`` gets each raw message of the call as it
+        arrives. The join's errors (503 ``QueueError``, ``ValidationError``, httpx's)
+        are raised here; KeyError for an unknown ``fn_index``."""
+        if self.closed:
+            raise RuntimeError("session closed")
+        call = Call(self, self.app.endpoints[fn_index], list(data), dict(headers or {}), 1)
+        call.relay = relay
+        self._all.add(call)
+        call.result.add_done_callback(lambda _: self._all.discard(call))
+        try:
+            sent = await call._upload(call._data)
+            call.event_id = await self._join(call, sent)
+        except BaseException as exc:
+            call._fail(exc if isinstance(exc, Exception) else SessionDropped("cancelled"))
+            raise
+        self._register(call)
         return call
 
     # -- wire requests -------------------------------------------------------------------
@@ -238,6 +268,7 @@ class Call:
         self.outputs = Feed(keep)
         self.events = Feed(EVENTS_KEEP)
         self._diffed: list[Any] | None = None
+        self.relay: Relay | None = None  # every raw message, for a relay (join_data)
         self._cancel_requested = False
         self.cancel_confirmed = False  # the Space answered a cancel of it (2xx)
         self.ended = False  # the Space sent its last message (it runs no more)
@@ -324,6 +355,8 @@ class Call:
 
     def _on_message(self, msg: dict[str, Any]) -> bool:
         """Handle one message of this call; True when it was the last."""
+        if self.relay is not None:
+            self.relay(msg)
         kind = msg.get("msg")
         event = status_event(msg)
         if event is not None:
