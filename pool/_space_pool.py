@@ -26,7 +26,7 @@ import httpx
 from ._clock import SYSTEM_CLOCK, Clock
 from ._connection import ClientFactory, Connection, ConnState, close_client
 from ._errors import classify_connect
-from ._exceptions import PoolClosedError, PoolError
+from ._exceptions import PoolClosedError, PoolError, UpstreamTransportError
 from ._legacy import NAME_WAIT_S
 from ._spaces import SpaceSpec
 from .resilience import RetryPolicy
@@ -284,8 +284,8 @@ class SpacePool:
                 if self._closed:  # cut by aclose(): no retry
                     raise PoolClosedError("pool closed while opening") from exc
                 error = classify_connect(exc).error
-                if not self._reopen.should_reopen(error, attempt):
-                    raise error from exc
+                if not self._reopen.should_reopen(error, attempt) or _asked_to_wait(error):
+                    raise error from exc  # a Retry-After is honoured by routing around
             await self._clock.sleep(self._reopen.delay(attempt))
 
     def _open_blocking(self) -> Any:
@@ -423,3 +423,8 @@ class SpacePool:
             "lastError": self.last_error,
             "generation": self.generation,
         }
+
+
+def _asked_to_wait(error: PoolError) -> bool:
+    """The Space named a wait (429 Retry-After): no reopen before it passed."""
+    return isinstance(error, UpstreamTransportError) and bool(error.retry_after_s)

@@ -103,6 +103,8 @@ class Session:
                                               headers=headers)  # fmt: skip
         if response.status_code == 503:
             raise utils.QueueError("Queue is full! Please try again.")
+        if response.status_code == 429:  # the Hub's rate limit, in front of the Space
+            raise self.space.rate_limited(response)
         if response.status_code == 422:
             await response.aread()
             if (message := utils.extract_validation_message(response)) is not None:
