@@ -33,7 +33,7 @@ _CONNS_PER_SESSION = 3
 _STALE = (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError)
 
 
-class RateLimited(utils.TooManyRequestsError):
+class RateLimited(utils.TooManyRequestsError):  # type: ignore[misc]
     """The Hub answered 429 (gradio_client raises ``TooManyRequestsError`` there);
     ``retry_after_s``: the wait its ``Retry-After`` header names, if any."""
 
