@@ -6,7 +6,6 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import Iterator
 
 import pytest
 
@@ -21,13 +20,6 @@ from pool import (
 from pool._quota import quota_error
 
 SECRET = "hf_private_token_for_tests_7c3d91"
-
-
-@pytest.fixture(scope="module")
-def zero() -> Iterator[SpaceProcess]:
-    """A ZeroGPU-like stand-in (kind zerogpu)."""
-    with SpaceProcess("zero", kind="zerogpu") as space:
-        yield space
 
 
 @pytest.fixture
