@@ -395,6 +395,8 @@ class Pool:
     ) -> None:
         """Every step of a release, in one task (so no second cancel skips one)."""
         self._handles.discard(handle)
+        if (seen := handle.upstream_queue()) is not None:
+            sp.saw_queue(*seen, self.clock.wall())
         sp.checkin(conn, discard=handle._detach())
         await self.coordinator.release(lease)  # a store outage: the store retries it
         emit(self.hooks, PoolEvent("finished", sp.name, outcome, held_s))

@@ -76,6 +76,8 @@ class SpacePool:
         )
         self.down_until = 0.0
         self.last_error: str | None = None
+        # The Space's own queue as the last call that saw an ``estimation`` found it.
+        self.space_queue: dict[str, Any] | None = None
         self.opened_total = 0
         # The Space's api_names, from its config when a connection last opened (None:
         # not known yet); routing sends a call only where its endpoint exists.
@@ -422,7 +424,12 @@ class SpacePool:
             "up": self.is_up(),
             "lastError": self.last_error,
             "generation": self.generation,
+            "spaceQueue": self.space_queue,
         }
+
+    def saw_queue(self, rank: int, size: int | None, at: float) -> None:
+        """A call found the Space's own queue so (rank 0 = next) before it started."""
+        self.space_queue = {"rank": rank, "size": size, "seenAt": round(at, 3)}
 
 
 def _asked_to_wait(error: PoolError) -> bool:
