@@ -172,7 +172,21 @@ class _Misbehave:
                     response = JSONResponse({"detail": "Queue is full."}, status_code=503)
                     await response(scope, receive, send)
                     return
+                await self.app(scope, receive, self._count_refusals(send))
+                return
         await self.app(scope, receive, send)
+
+    def _count_refusals(self, send: Send) -> Send:
+        """``send`` that counts Gradio's own 503s of a queue join (``max_size`` full)."""
+        meter = self.meter
+
+        async def counting(message: Message) -> None:
+            if message["type"] == "http.response.start" and message["status"] == 503:
+                with meter.lock:
+                    meter.refused += 1
+            await send(message)
+
+        return counting
 
     def _hub_refusal(self, scope: Scope) -> JSONResponse | None:
         """What the Hub answers in front of a private or rate-limited Space: 401 without

@@ -16,6 +16,8 @@ from pool import (
     PoolSettings,
     QuotaExceeded,
     UpstreamError,
+    UpstreamEvent,
+    UpstreamQueued,
 )
 from pool._quota import quota_error
 
@@ -146,3 +148,41 @@ async def test_private_space_needs_the_token_which_is_never_shown(
         private.control(require_token="")
     seen.append(caplog.text)
     assert not [text for text in seen if SECRET in text]
+
+
+async def test_the_spaces_own_queue_sets_the_window(clean_fleet: SpaceFleet) -> None:
+    """A Space running 2 calls at once with room for 1 waiting, beside another Space:
+    12 callers are all served (no error, no hang); callers see the Space's rank; the
+    window settles at <= 3 (held there, shown in pool-stats) and the Space's queue-full
+    refusals stop after the first round."""
+    with SpaceProcess("narrow", concurrency_limit=2, max_size=1) as narrow:
+        pool = _pool([narrow, clean_fleet["alpha"]], retry_attempts=5)
+        seen: list[UpstreamQueued] = []
+
+        async def note(event: UpstreamEvent) -> None:
+            if isinstance(event, UpstreamQueued):
+                seen.append(event)
+
+        async def round_of(n: int) -> list[str]:
+            calls = [pool.predict("/echo", f"c{i}", 0.3, on_event=note) for i in range(n)]
+            async with asyncio.timeout(60):
+                return [done.space for done in await asyncio.gather(*calls)]
+
+        try:
+            served: list[str] = []
+            refused: list[int] = []  # the Space's queue-full answers after each round
+            for _ in range(4):
+                served += await round_of(12)
+                refused.append(narrow.stats().refused)
+            assert len(served) == 48 and {"narrow", "alpha"} <= set(served)
+            health = pool.board.get("narrow")
+            stats = (await pool.stats())["pools"]["narrow"]
+            print("narrow: refused", refused, "window", health.window,
+                  "held", stats["heldAt"], stats["spaceQueue"])  # fmt: skip
+            assert health.window <= 3 and stats["heldAt"] is not None
+            assert refused[-1] == refused[-2] <= 5, "refusals stopped after the first few"
+            assert narrow.stats().peak <= 2
+            assert any(e.queue_size for e in seen), "callers saw the Space's queue"
+            assert stats["spaceQueue"] is not None
+        finally:
+            await pool.aclose()
