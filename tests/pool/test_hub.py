@@ -8,8 +8,10 @@ import logging
 import time
 
 import pytest
+import uvicorn
 
-from devspaces import SpaceFleet, SpaceProcess
+from devspaces import SpaceFleet, SpaceProcess, free_port
+from devspaces._front import cookie_front
 from pool import (
     NoHealthySpaceError,
     Pool,
@@ -186,3 +188,34 @@ async def test_the_spaces_own_queue_sets_the_window(clean_fleet: SpaceFleet) -> 
             assert stats["spaceQueue"] is not None
         finally:
             await pool.aclose()
+
+
+async def test_replicated_space_keeps_a_session_on_its_replica(clean_fleet: SpaceFleet) -> None:
+    """Two replicas (alpha, beta) behind a cookie-routing front: the pool keeps the
+    cookie /config set, so a session's join and data stream reach one replica and
+    gr.State holds across the calls of a session."""
+    front = cookie_front([clean_fleet["alpha"].url, clean_fleet["beta"].url])
+    server = uvicorn.Server(uvicorn.Config(front, host="127.0.0.1", port=free_port(),
+                                           log_level="warning", lifespan="off"))  # fmt: skip
+    serving = asyncio.create_task(server.serve())
+    try:
+        async with asyncio.timeout(20):
+            while not server.started:
+                await asyncio.sleep(0.02)
+        url = f"http://127.0.0.1:{server.config.port}/"
+        pool = Pool(PoolSettings(spaces=f"replicated={url}", coordinator_url="memory://",
+                                 min_connections=2))  # fmt: skip
+        try:
+            for user in ("u1", "u2", "u3"):
+                async with pool.client() as client:
+                    first = await client.predict(f"{user}-a", api_name="/state")
+                    second = await client.predict(f"{user}-b", api_name="/state")
+                    echoed = await client.predict(user, 0, api_name="/echo")
+                assert (first, second) == ("", f"{user}-a")
+                assert echoed.split(":")[0] in ("alpha", "beta")
+            assert sum(front.routed) > 0  # type: ignore[attr-defined]
+        finally:
+            await pool.aclose()
+    finally:
+        server.should_exit = True
+        await serving
