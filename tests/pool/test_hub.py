@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import time
@@ -216,6 +217,7 @@ async def test_replicated_space_keeps_a_session_on_its_replica(clean_fleet: Spac
             assert sum(front.routed) > 0  # type: ignore[attr-defined]
         finally:
             await pool.aclose()
-    finally:
-        server.should_exit = True
-        await serving
+    finally:  # the front's proxied streams do not watch their client: no graceful wait
+        server.should_exit = server.force_exit = True
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(serving, 2)
