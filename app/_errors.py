@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -204,6 +205,19 @@ def internal_error(request_id: str) -> tuple[int, bytes]:
     return 500, json.dumps(body).encode()
 
 
+def _allowed(request: Request) -> str:
+    """The methods the OpenAPI document gives this path (Starlette's 405 names only the
+    first route's: ``GET`` for ``/api/jobs/{id}``, which ``DELETE`` answers too)."""
+    methods: set[str] = set()
+    for template, operations in request.app.openapi().get("paths", {}).items():
+        pattern = re.sub(r"\\{[^/]+?\\}", "[^/]+", re.escape(template))
+        if re.fullmatch(pattern, request.url.path):
+            methods |= {method.upper() for method in operations}
+    if "GET" in methods:
+        methods.add("HEAD")
+    return ", ".join(sorted(methods))
+
+
 def install(app: FastAPI) -> None:
     """Register the handlers: one function for every exception class we answer."""
 
@@ -217,7 +231,10 @@ def install(app: FastAPI) -> None:
                 extra={"request_id": ctx.request_id},
             )  # fmt: skip
         body = {**problem.body, "request_id": ctx.request_id}
-        return JSONResponse(body, status_code=problem.status, headers=problem.headers)
+        headers = problem.headers
+        if problem.status == 405:
+            headers = {**headers, "Allow": _allowed(request)}
+        return JSONResponse(body, status_code=problem.status, headers=headers)
 
     for exc_class in (
         PoolError,
