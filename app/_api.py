@@ -26,7 +26,7 @@ from ._auth import require_admin_token, require_api_token
 from ._errors import JobNotFound
 from ._files import FileOutput, FileStore
 from ._idempotency import MAX_KEY_CHARS, reserve
-from ._inputs import Call, read_call
+from ._inputs import Call, identity_headers, read_call
 from ._jobs import JobRunner
 from ._logging import context_of
 from ._schemas import (
@@ -54,6 +54,7 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
         404: "unknown job",
         413: "body too large",
         422: "invalid body, unknown api_name or Space, refused by policy",
+        429: "the caller's GPU quota on a ZeroGPU Space is spent (Retry-After)",
         502: "the Space failed",
         503: "busy (Retry-After), no healthy Space, shutting down",
         504: "deadline exceeded",
@@ -94,9 +95,12 @@ def file_output(request: Request, body: PredictRequest) -> FileOutput:
 async def _read(request: Request) -> Call:
     """The body (JSON or multipart), checked by ``_prepare``, then its files on disk."""
     store: FileStore = request.app.state.files
-    return await read_call(
-        request, _settings(request), store.incoming, lambda body: _prepare(request, body)
+    settings = _settings(request)
+    call = await read_call(
+        request, settings, store.incoming, lambda body: _prepare(request, body)
     )
+    call.headers = identity_headers(request, settings)
+    return call
 
 
 # The body is read by app._inputs (JSON, or multipart with files): described here.

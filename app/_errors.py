@@ -33,6 +33,7 @@ from pool import (
     NoHealthySpaceError,
     PoolClosedError,
     PoolError,
+    QuotaExceeded,
     RefusedByPolicy,
     UnknownEndpoint,
     UnknownSpace,
@@ -105,6 +106,15 @@ def _retry_after(seconds: float) -> int:
 
 def describe(exc: BaseException) -> Problem:
     """The answer for ``exc``; anything unknown is a bare 500 ``internal``."""
+    if isinstance(exc, QuotaExceeded):  # the caller's own GPU quota (a ZeroGPU Space)
+        retry = _retry_after(exc.retry_after_s)
+        body = {
+            "error": "quota_exceeded",
+            "reason": exc.reason,
+            "retry_after_s": retry,
+            "message": str(exc),
+        }
+        return Problem(429, body, "quota_exceeded", {"Retry-After": str(retry)})
     if isinstance(exc, BusyError):
         retry = _retry_after(exc.retry_after_s)
         body = {
@@ -152,7 +162,9 @@ def describe(exc: BaseException) -> Problem:
         return Problem(422, {"error": "invalid_request", "message": str(exc)}, "invalid_request")
     if isinstance(exc, UpstreamError):
         body = {"error": "upstream", "kind": exc.kind, "message": str(exc)}
-        return Problem(502, body, f"upstream_{exc.kind}")
+        wait = getattr(exc, "retry_after_s", None)  # a 429's Retry-After, passed on
+        headers = {"Retry-After": str(_retry_after(wait))} if wait else {}
+        return Problem(502, body, f"upstream_{exc.kind}", headers)
     if isinstance(exc, AuthError):
         body = {"error": exc.code, "message": str(exc)}
         return Problem(exc.status, body, exc.code, {"WWW-Authenticate": "Bearer"})

@@ -60,6 +60,11 @@ class ServiceSettings(BaseSettings):
     file_max_total_bytes: int = Field(
         default=1024**3, ge=1, description="disk used by output files; oldest evicted first"
     )
+    forward_ip_token: bool = Field(
+        default=False,
+        description="send the caller's X-IP-Token header (ZeroGPU identity) on that call's "
+        "upstream requests; off: never forwarded",
+    )
     file_inline_max_bytes: int = Field(
         default=256 * 1024, ge=0, description='largest file sent inline ("files": "inline")'
     )

@@ -37,7 +37,14 @@ from gradio_client.exceptions import AppError, ValidationError
 from httpx_sse import aconnect_sse
 
 from ._app import DIFF_PROTOCOLS, AppInfo, Endpoint, bind_args, shape_output
-from ._events import UpstreamDone, UpstreamEvent, UpstreamPartial, status_event
+from ._events import (
+    UpstreamDone,
+    UpstreamEvent,
+    UpstreamPartial,
+    UpstreamQueued,
+    UpstreamStarted,
+    status_event,
+)
 from ._feed import Feed
 from ._space import SpaceTransport
 
@@ -133,6 +140,8 @@ class Session:
                                               headers=headers)  # fmt: skip
         if response.status_code == 503:
             raise utils.QueueError("Queue is full! Please try again.")
+        if response.status_code == 429:  # the Hub's rate limit, in front of the Space
+            raise self.space.rate_limited(response)
         if response.status_code == 422:
             await response.aread()
             if (message := utils.extract_validation_message(response)) is not None:
@@ -270,6 +279,12 @@ class Call:
         self._diffed: list[Any] | None = None
         self.relay: Relay | None = None  # every raw message, for a relay (join_data)
         self._cancel_requested = False
+        # The Space's own queue as this call saw it before it started (``estimation``:
+        # every joined event gets one, rank 0 = next, even one that starts at once;
+        # gradio/queueing.py ``broadcast_estimations``): the highest rank and its size.
+        self.queue_rank: int | None = None
+        self.queue_size: int | None = None
+        self.started = False
         self.cancel_confirmed = False  # the Space answered a cancel of it (2xx)
         self.ended = False  # the Space sent its last message (it runs no more)
         self._task: asyncio.Task[None] | None = None
@@ -360,6 +375,7 @@ class Call:
         kind = msg.get("msg")
         event = status_event(msg)
         if event is not None:
+            self._note_queue(event)
             self._event(event)
             return False
         if kind in ("process_generating", "process_streaming"):
@@ -379,6 +395,15 @@ class Call:
             self._fail(SessionDropped(str(msg.get("message") or kind)))
             return True
         return False
+
+    def _note_queue(self, event: UpstreamEvent) -> None:
+        if isinstance(event, UpstreamStarted):
+            self.started = True
+        elif (
+            isinstance(event, UpstreamQueued) and not self.started and event.rank is not None
+            and (self.queue_rank is None or event.rank >= self.queue_rank)
+        ):  # fmt: skip
+            self.queue_rank, self.queue_size = event.rank, event.queue_size
 
     def _apply_diff(self, kind: Any, data: list[Any]) -> list[Any]:
         """Partial outputs after the first are diffs on sse_v2+ (gradio_client
