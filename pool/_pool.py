@@ -403,6 +403,8 @@ class Pool:
     ) -> None:
         """Every step of a release, in one task (so no second cancel skips one)."""
         self._handles.discard(handle)
+        if (seen := handle.upstream_queue()) is not None:
+            sp.saw_queue(*seen, self.clock.wall())
         sp.checkin(conn, discard=handle._detach())
         if lease.lost is None:
             await self.coordinator.release(lease)  # a store outage: the store retries it
@@ -569,10 +571,12 @@ class Pool:
         if row.provider:
             emit(self.hooks, PoolEvent("provider_error", sp.name, error.kind))
         waking = self.board.get(sp.name).waking(self.clock.wall())
-        if placed and (not row.down or waking):
+        # A 429's Retry-After is honoured (a user's QuotaExceeded says nothing of the Space)
+        asked = error.retry_after_s if isinstance(error, UpstreamTransportError) else None
+        if placed and (not (row.down or asked) or waking):
             return False
         if not waking:
-            sp.mark_down(error.kind, _SPACE_COOLDOWN_S)
+            sp.mark_down(error.kind, asked or _SPACE_COOLDOWN_S)
         emit(self.hooks, PoolEvent("failover", sp.name, error.kind))
         _log.warning("space %s failed (%s); failing over", sp.name, error.kind)
         return True
