@@ -119,9 +119,12 @@ async def test_a_busy_spaces_backlog_drains_at_its_own_rate_while_another_is_flo
         await asyncio.gather(*b_calls, return_exceptions=True)
     print(f"\n[{pool.coordinator.store}] A's backlog drained in {a_drained:.2f} s "
           f"(3 rounds of {d} s) while B was flooded")  # fmt: skip
+    # A's window cannot grow here, but the Space's queue may push it down (congested,
+    # pool/resilience/_health.py): B may then take the slots A gave up, no others.
+    window = (await pool.stats())["pools"]["alpha"]["window"]["current"]
     last_a = len(order) - 1 - order[::-1].index("alpha")
-    assert order[:last_a].count("beta") <= 2, "B took a global slot an A release freed"
-    assert clean_fleet["alpha"].stats().peak == 4
+    assert order[:last_a].count("beta") <= 6 - window, "B took a slot an A release freed"
+    assert clean_fleet["alpha"].stats().peak <= 4
     assert clean_fleet.concurrent_peak() <= 6
 
 
