@@ -99,6 +99,7 @@ class Call:
             queue_timeout_s=queue_timeout_s,
             safe_to_retry=body.safe_to_retry,
             ticket=ticket,
+            priority=body.priority,
             on_admitted=on_admitted,
             on_partial=on_partial,
             download_to=download_to,

@@ -66,6 +66,7 @@ from ._handle import Partial, PooledClient
 from ._native import NativeFactory
 from ._request import Prediction, RequestPath
 from ._routing import Router, user_key
+from ._scheduling import classed_ticket, queue_timeout_for
 from ._settings import PoolSettings
 from ._space_pool import SpacePool
 from ._spaces import SpaceSpec, parse_spaces
@@ -347,9 +348,8 @@ class Pool:
             raise UnknownSpace(space, list(self.spaces))
         user = self.hash_user(email)
         now = self.clock.now()
-        queue_by = now + (
-            self.settings.queue_timeout_s if queue_timeout_s is None else queue_timeout_s
-        )
+        ticket = classed_ticket(self.settings, ticket, None)
+        queue_by = now + queue_timeout_for(self.settings, ticket, queue_timeout_s)
         by = None if wake_limit_s is None else now + wake_limit_s
         lease, sp, conn = await self._admit_and_checkout(
             user, space, queue_by, by, ticket, avoid, api_name
@@ -449,6 +449,7 @@ class Pool:
         on_partial: Callable[[Partial], Awaitable[None]] | None = None,
         headers: Mapping[str, str] | None = None,
         on_event: Callable[[UpstreamEvent], Awaitable[None]] | None = None,
+        priority: str | None = None,
     ) -> Prediction:
         """One predict with retries, failover, one deadline, partials, events and files
         (:meth:`pool._request.RequestPath.predict` says what each argument does)."""
@@ -456,7 +457,7 @@ class Pool:
             api_name, *args, email=email, space=space, kwargs=kwargs, timeout=timeout,
             queue_timeout_s=queue_timeout_s, safe_to_retry=safe_to_retry, ticket=ticket,
             on_admitted=on_admitted, download_to=download_to, on_partial=on_partial,
-            headers=headers, on_event=on_event,
+            headers=headers, on_event=on_event, priority=priority,
         )  # fmt: skip
 
     async def _admit_and_checkout(

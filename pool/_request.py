@@ -25,6 +25,7 @@ from ._clock import Clock
 from ._events import Hook, PoolEvent, emit
 from ._exceptions import DeadlineExceeded, UpstreamTransportError
 from ._handle import Partial, PooledClient, PooledJob
+from ._scheduling import classed_ticket, queue_timeout_for
 from ._settings import PoolSettings
 from .admission import WaitTicket
 from .resilience import RetryPolicy
@@ -107,6 +108,7 @@ class RequestPath:
         on_partial: Callable[[Partial], Awaitable[None]] | None = None,
         headers: Mapping[str, str] | None = None,
         on_event: Callable[[UpstreamEvent], Awaitable[None]] | None = None,
+        priority: str | None = None,
     ) -> Prediction:
         """One predict with the pool's retry policy, failover and deadline.
 
@@ -125,7 +127,9 @@ class RequestPath:
         Space skips older partials, never the latest); the result is the final output.
         Once a partial was delivered the call is never retried. ``headers`` go with
         every upstream request of this call (and no other); ``on_event(event)`` is
-        awaited for each protocol message (:meth:`PooledJob.events`).
+        awaited for each protocol message (:meth:`PooledJob.events`). ``priority``:
+        ``"interactive"`` (default) or ``"batch"`` (docs/scheduling.md); a batch call
+        waits up to ``POOL_BATCH_QUEUE_TIMEOUT_S`` unless ``queue_timeout_s`` is given.
         """
         started = self.clock.now()
         call = _Call(
@@ -140,9 +144,8 @@ class RequestPath:
             headers,
             on_event,
         )
-        queue_timeout = (
-            self.settings.queue_timeout_s if queue_timeout_s is None else queue_timeout_s
-        )
+        ticket = classed_ticket(self.settings, ticket, priority)
+        queue_timeout = queue_timeout_for(self.settings, ticket, queue_timeout_s)
         attempt = 0
         while True:
             attempt += 1

@@ -25,6 +25,16 @@ class PoolSettings(BaseSettings):
     max_connections: int = Field(default=50, ge=1, le=1000)
     idle_timeout_s: float = Field(default=600.0, gt=0)
     queue_timeout_s: float = Field(default=30.0, ge=0)
+    batch_queue_timeout_s: float = Field(
+        default=300.0, ge=0, description="queue timeout of batch-class requests"
+    )
+    batch_max_wait_s: float = Field(
+        default=60.0, ge=0, description="a batch waiter ranks as interactive after this"
+    )
+    warmup: bool = Field(default=False, description="open each Space's minimum at start")
+    warm_window_s: float = Field(
+        default=3600.0, gt=0, description="idle connections kept: peak in use over this window"
+    )
     health_interval_s: float = Field(default=300.0, gt=0)
     health_sample: int = Field(default=5, ge=0)
     health_failures: int = Field(default=3, ge=1, description="failed probes before discard")

@@ -82,6 +82,10 @@ class SpacePool:
         # The Space's api_names, from its config when a connection last opened (None:
         # not known yet); routing sends a call only where its endpoint exists.
         self.api_names: frozenset[str] | None = None
+        # Warmth (pool/_warmth.py): the peak in use since it was last taken, and how
+        # many connections the reaper keeps open (at least the minimum).
+        self._peak_in_use = 0
+        self.kept_warm = min_size
 
     # -- predicates -------------------------------------------------------------------
     @property
@@ -181,6 +185,7 @@ class SpacePool:
                 continue
             conn.state = ConnState.LEASED
             self._leased.add(conn)
+            self._peak_in_use = max(self._peak_in_use, len(self._leased))
             return conn
         return None
 
@@ -191,6 +196,7 @@ class SpacePool:
             if not fut.done():
                 conn.state = ConnState.LEASED
                 self._leased.add(conn)
+                self._peak_in_use = max(self._peak_in_use, len(self._leased))
                 fut.set_result(conn)
                 return
         conn.state = ConnState.IDLE
@@ -213,6 +219,17 @@ class SpacePool:
             return
         while self.total + self._opening < self.min_size:
             self._start_open()
+
+    def warm_up(self) -> None:
+        """Open connections up to ``min_size`` now (``POOL_WARMUP``), in the background."""
+        if not self._closed:
+            while self.total + self._opening < self.min_size:
+                self._start_open()
+
+    def take_peak_in_use(self) -> int:
+        """The most connections in use at once since the last call (and reset it)."""
+        peak, self._peak_in_use = self._peak_in_use, len(self._leased)
+        return max(peak, len(self._leased))
 
     def _start_open(self) -> None:
         self._opening += 1
@@ -350,12 +367,14 @@ class SpacePool:
             return True
         return False
 
-    def reap_idle(self, idle_timeout_s: float) -> int:
-        """Close connections idle longer than ``idle_timeout_s``, down to the minimum."""
+    def reap_idle(self, idle_timeout_s: float, keep: int | None = None) -> int:
+        """Close connections idle longer than ``idle_timeout_s``, down to ``keep``
+        (default: the minimum; pool/_warmth.py decides it)."""
         now = self._clock.now()
         reaped = 0
+        floor = self.min_size if keep is None else keep
         for conn in list(self._idle):  # oldest first
-            if self.total <= self.min_size:
+            if self.total <= floor:
                 break
             if conn.is_idle_longer_than(idle_timeout_s, now):
                 self._idle.remove(conn)
@@ -421,6 +440,7 @@ class SpacePool:
             "healthyConnections": len(conns) - unhealthy,
             "unhealthyConnections": unhealthy,
             "localWaiters": sum(1 for f in self._waiters if not f.done()),
+            "keptWarm": self.kept_warm,
             "up": self.is_up(),
             "lastError": self.last_error,
             "generation": self.generation,

@@ -34,6 +34,7 @@ _SUMMED = (
     "healthyConnections",
     "unhealthyConnections",
     "localWaiters",
+    "keptWarm",
 )
 
 
@@ -173,6 +174,10 @@ class Stats:
             "pools": pools,
             **totals,
             "totalQueued": snap.waiting if snap else 0,
+            "totalQueuedByClass": {
+                "interactive": snap.waiting - snap.batch_waiting if snap else 0,
+                "batch": snap.batch_waiting if snap else 0,
+            },
             "userAssignments": max(users, self._router.assignments),
             "initialized": self.shared is not None,
             "healthCheckRunning": health_running,
