@@ -115,13 +115,14 @@ _BODY_DOC: dict[str, Any] = {
                     "required": ["body"],
                     "properties": {
                         "body": {
-                            "type": "string",
+                            **PredictRequest.model_json_schema(),
                             "description": "the JSON body; file arguments refer to parts"
                             ' as {"file": {"upload": "<part name>"}}',
                         }
                     },
                     "additionalProperties": {"type": "string", "format": "binary"},
-                }
+                },
+                "encoding": {"body": {"contentType": "application/json"}},
             },
         },
     }

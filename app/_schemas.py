@@ -92,7 +92,14 @@ class PredictRequest(BaseModel):
         max_length=129, pattern=API_NAME_PATTERN, description="endpoint, e.g. /predict"
     )
     args: list[Any] = Field(default_factory=list, max_length=MAX_ARGS)
-    kwargs: dict[str, Any] = Field(default_factory=dict, max_length=MAX_KWARGS)
+    kwargs: dict[str, Any] = Field(
+        default_factory=dict,
+        max_length=MAX_KWARGS,
+        # What _kwarg_names enforces, said in the OpenAPI too (so the schema is the truth).
+        json_schema_extra={
+            "propertyNames": {"pattern": KWARG_PATTERN, "not": {"enum": sorted(RESERVED_KWARGS)}}
+        },
+    )
     timeout_s: float | None = Field(
         default=None,
         gt=0,

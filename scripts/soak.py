@@ -12,7 +12,7 @@ user pins 5 s, idle connections 2 s, Gradio sessions 5 s. Clients loop over a mi
 predicts (many distinct users), jobs (with an Idempotency-Key, followed over SSE to the
 end), file uploads and the output file fetched, streamed chat replies (SSE), errors
 (unknown endpoint 422, a raising endpoint, a bad body) and bursts past the global cap
-(503 busy). Every ``--sample-s`` it prints the service's RSS, threads and open fds; at
+(503 busy). A transport error (a dropped connection) counts as status 0. Every ``--sample-s`` it prints the service's RSS, threads and open fds; at
 the end the RSS slope (least squares, MiB/min) over the samples after ``--warmup-s`` and
 the spread of threads and fds there. ``--json`` prints the summary as one JSON line.
 """
@@ -189,12 +189,18 @@ async def load(url: str, until: float, clients: int, statuses: Counter[int]) -> 
     async def client() -> None:
         async with httpx.AsyncClient(base_url=url, timeout=60) as http:
             while time.monotonic() < until:
-                statuses.update(await one_round(http, next(counter), image))
+                try:
+                    statuses.update(await one_round(http, next(counter), image))
+                except httpx.TransportError:  # counted as status 0, reported
+                    statuses[0] += 1
 
     async def bursts() -> None:
         async with httpx.AsyncClient(base_url=url, timeout=60) as http:
             while time.monotonic() < until:
-                statuses.update(await burst(http))
+                try:
+                    statuses.update(await burst(http))
+                except httpx.TransportError:
+                    statuses[0] += 1
                 await asyncio.sleep(2.0)
 
     await asyncio.gather(*(client() for _ in range(clients)), bursts())
