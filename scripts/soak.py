@@ -12,9 +12,10 @@ user pins 5 s, idle connections 2 s, Gradio sessions 5 s. Clients loop over a mi
 predicts (many distinct users), jobs (with an Idempotency-Key, followed over SSE to the
 end), file uploads and the output file fetched, streamed chat replies (SSE), errors
 (unknown endpoint 422, a raising endpoint, a bad body) and bursts past the global cap
-(503 busy). A transport error (a dropped connection) counts as status 0. Every ``--sample-s`` it prints the service's RSS, threads and open fds; at
-the end the RSS slope (least squares, MiB/min) over the samples after ``--warmup-s`` and
-the spread of threads and fds there. ``--json`` prints the summary as one JSON line.
+(503 busy); a transport error (a dropped connection) counts as status 0. Every
+``--sample-s`` it prints the service's RSS, threads and open fds; at the end the RSS
+slope (least squares, MiB/min) over the samples after ``--warmup-s`` and the spread of
+threads and fds there. ``--json`` prints the summary as one JSON line.
 """
 
 from __future__ import annotations
@@ -233,15 +234,18 @@ def summary(
     samples: list[dict[str, float]], statuses: Counter[int], warmup_s: float
 ) -> dict[str, Any]:
     after = [s for s in samples if s["t"] >= warmup_s]
+
+    def spread(key: str) -> list[float]:
+        return [round(min(s[key] for s in after), 1), round(max(s[key] for s in after), 1)]
+
     return {
         "samples": samples,
         "statuses": {str(k): v for k, v in sorted(statuses.items())},
         "warmup_s": warmup_s,
         "rss_slope_mib_per_min": round(slope_per_min([(s["t"], s["rss_mib"]) for s in after]), 3),
-        "rss_after_warmup_mib": [round(min(s["rss_mib"] for s in after), 1),
-                                 round(max(s["rss_mib"] for s in after), 1)],  # fmt: skip
-        "threads_after_warmup": [min(s["threads"] for s in after), max(s["threads"] for s in after)],
-        "fds_after_warmup": [min(s["fds"] for s in after), max(s["fds"] for s in after)],
+        "rss_after_warmup_mib": spread("rss_mib"),
+        "threads_after_warmup": spread("threads"),
+        "fds_after_warmup": spread("fds"),
     }
 
 
