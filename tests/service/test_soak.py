@@ -5,7 +5,7 @@ mixed load (predicts for many users, jobs over SSE, uploads and output files, st
 chat replies, errors, 503 bursts) for 32 s, sampled every 2 s. Bounds, after a 10 s
 warm-up (two retention windows and more, so that what is kept has started to expire):
 
-* RSS slope < 6 MiB/min. The 8-minute run (BENCHMARKS.md) measures about 0.1 MiB/min; a
+* RSS slope < 6 MiB/min. The 8-minute run (BENCHMARKS.md) measured 0.36 MiB/min; a
   short run only sees allocator steps of ~1 MiB, so the bound is for what a retention
   bug would hold: anything kept per request (a job record, a file, a key: kilobytes
   each) at this rate (~30 requests/s) grows by tens of MiB/min.
