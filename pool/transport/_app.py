@@ -151,7 +151,8 @@ def _endpoint(
 
 
 def _triggers(dep: dict[str, Any]) -> set[str]:
-    return {str(t[1]) for t in dep.get("targets", []) if isinstance(t, list | tuple) and len(t) == 2}
+    targets = dep.get("targets", [])
+    return {str(t[1]) for t in targets if isinstance(t, list | tuple) and len(t) == 2}
 
 
 def _heartbeat_for_all(deps: list[dict[str, Any]], components: dict[int, dict[str, Any]]) -> bool:
