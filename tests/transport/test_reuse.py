@@ -4,9 +4,11 @@ heartbeat stream opened only by a session whose call needs it (gr.State)."""
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 from devspaces import SpaceFleet
 from pool import Pool, PoolSettings
+from pool.transport import AppInfo
 
 from .test_native import recording
 
@@ -39,3 +41,28 @@ async def test_busy_sessions_reuse_their_tcp_connections_and_stateless_calls_ope
     assert len(later - first) <= 1, (len(first), sorted(later - first))
     assert not [p for _, p, _ in rec.seen[:stateless] if "/heartbeat/" in p]
     assert [p for _, p, _ in rec.seen[stateless:] if "/heartbeat/" in p]
+
+
+def _app(heartbeat: bool, components: list[dict[str, Any]], deps: list[dict[str, Any]]) -> AppInfo:
+    config = {"protocol": "sse_v3", "connect_heartbeat": heartbeat, "components": components,
+              "dependencies": deps}  # fmt: skip
+    return AppInfo("http://127.0.0.1:1/", config, {})
+
+
+def _dep(name: str, inputs: list[int], trigger: str = "click") -> dict[str, Any]:
+    return {"api_name": name, "inputs": inputs, "outputs": [1], "targets": [[9, trigger]]}
+
+
+def test_the_heartbeat_rule_follows_what_the_stream_s_end_does() -> None:
+    """A State app: only the endpoint touching the State holds a heartbeat; an app with an
+    unload listener, or whose flag has no visible cause, holds one for every session;
+    no flag, none."""
+    parts = [{"id": 1, "type": "textbox"}, {"id": 2, "type": "state"}]
+    stateful = _app(True, parts, [_dep("echo", [1]), _dep("state", [1, 2])])
+    assert not stateful.endpoint("/echo").needs_heartbeat
+    assert stateful.endpoint("/state").needs_heartbeat
+    unload = _app(True, parts, [_dep("echo", [1]), _dep("bye", [], "unload")])
+    assert unload.endpoint("/echo").needs_heartbeat
+    hidden = _app(True, parts[:1], [_dep("echo", [1])])  # e.g. a per-session cache
+    assert hidden.endpoint("/echo").needs_heartbeat
+    assert not _app(False, parts, [_dep("state", [1, 2])]).endpoint("/state").needs_heartbeat
