@@ -184,6 +184,10 @@ class JobView(BaseModel):
     partial_index: int | None = Field(
         default=None, description="index (0, 1, ...) of the latest partial output"
     )
+    requeued: int | None = Field(
+        default=None,
+        description="times the job was run again on another worker after its own was lost",
+    )
 
 
 class ErrorBody(BaseModel):

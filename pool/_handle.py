@@ -34,6 +34,7 @@ from typing import Any
 import httpx
 
 from . import _files
+from ._cancels import deliver_cancel, first_attempt
 from ._clock import SYSTEM_CLOCK, Clock
 from ._connection import Connection
 from ._errors import Classified, classify
@@ -43,6 +44,7 @@ from ._exceptions import (
     LeaseLost,
     MisuseError,
     PoolClosedError,
+    PoolError,
     UnknownEndpoint,
 )
 from ._guard import check_outbound
@@ -179,8 +181,18 @@ class PooledJob:
             classified = classify(exc)
             self._handle._failed(classified)
             raise classified.error from exc
-        self._handle.outcome = "success"
+        # Served; but after waiting behind another call in the Space's own queue (rank
+        # >= 1: someone was ahead of it), which says our calls exceed its concurrency.
+        rank = getattr(self._job, "queue_rank", None)
+        self._handle.outcome = "congested" if rank is not None and rank >= 1 else "success"
         return result
+
+    @property
+    def upstream_queue(self) -> tuple[int, int | None] | None:
+        """(rank, queue size) the Space's queue gave this job before it started (the
+        native transport; None before its ``estimation`` or on the fallback)."""
+        rank = getattr(self._job, "queue_rank", None)
+        return None if rank is None else (rank, getattr(self._job, "queue_size", None))
 
     async def _deadline_passed(self, timeout: float | None, started: float) -> DeadlineExceeded:
         """Cancel the job upstream and return the error to raise."""
@@ -200,8 +212,7 @@ class PooledJob:
         # A job the Space has not named yet is cancelled once it is, in the background:
         # a deadline is not held up by a slow join (the connection's close waits for it).
         if pending is not None and not unnamed:
-            with contextlib.suppress(Exception):
-                await pending
+            await first_attempt(pending)
 
     def _cancel_in_background(self) -> None:
         self._start_cancel()
@@ -214,18 +225,12 @@ class PooledJob:
         self._cancelled = True
         self._handle._dirty = True
         unnamed = not self._job.named
-        pending = asyncio.ensure_future(_quiet(self._job.cancel()))
+        pending = asyncio.ensure_future(deliver_cancel(self._job))
         self._handle._track(pending)
         return pending, unnamed
 
     def __await__(self) -> Any:
         return self.result().__await__()
-
-
-async def _quiet(cancel: Any) -> None:
-    """An upstream cancel that never raises (the Space gone, the pool closed)."""
-    with contextlib.suppress(Exception):
-        await cancel
 
 
 class PooledClient:
@@ -347,6 +352,10 @@ class PooledClient:
             job._cancel_in_background()
             job._job.outputs.poke()  # a partials() or events() reader wakes: LeaseLost
             job._job.events.poke()
+        if self._conn is not None and self._conn.native:
+            # The data stream closed now, not when the connection goes: cut off, the
+            # Space sees the disconnect as soon as packets flow again.
+            self._conn.client.stop_streams()
         if self._fenced is not None and not self._fenced.done():
             self._fenced.set_result(None)
 
@@ -402,11 +411,29 @@ class PooledClient:
             self._conn.cancels = [c for c in self._conn.cancels if not c.done()] + [cancel]
         return cancel
 
+    def report(self, exc: BaseException) -> PoolError:
+        """Feed the failure of work run on this lease outside :meth:`submit` (a relay
+        on the connection's transport) to the pool as a job's own failure would be
+        (connection, window, breaker, failover); returns the typed error."""
+        classified = classify(exc)
+        self._failed(classified)
+        return classified.error
+
     def _failed(self, classified: Classified) -> None:
         if classified.discard_connection:
             self.broken = True
-        self.outcome = "failure" if classified.provider_failure else "neutral"
+        if classified.error.kind == "queue_full":
+            self.outcome = "refused"  # the Space's queue is full: hold the window's growth
+        else:
+            self.outcome = "failure" if classified.provider_failure else "neutral"
         self.failed_over = self._on_failure(classified) or self.failed_over
+
+    def upstream_queue(self) -> tuple[int, int | None] | None:
+        """The Space's queue as the last job that saw it reported it (rank, size)."""
+        for job in reversed(self._jobs):
+            if job.upstream_queue is not None:
+                return job.upstream_queue
+        return None
 
     def _cancel_jobs(self, *, closing: bool = False) -> None:
         """Cancel upstream every job of this handle that still runs (in the background);

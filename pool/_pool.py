@@ -110,6 +110,14 @@ def _log_failure(task: asyncio.Task[Any]) -> None:
         _log.error("a release failed after its caller left: %r", exc)
 
 
+def _detach(tasks: set[asyncio.Task[Any]], work: Coroutine[Any, Any, Any]) -> None:
+    """Run ``work`` alone, kept in ``tasks`` (which ``aclose`` waits for)."""
+    task = asyncio.get_running_loop().create_task(work)
+    tasks.add(task)
+    task.add_done_callback(tasks.discard)
+    task.add_done_callback(_log_failure)
+
+
 class Pool:
     """Warm gradio_client connections for several Spaces behind one admission."""
 
@@ -395,8 +403,13 @@ class Pool:
     ) -> None:
         """Every step of a release, in one task (so no second cancel skips one)."""
         self._handles.discard(handle)
+        if (seen := handle.upstream_queue()) is not None:
+            sp.saw_queue(*seen, self.clock.wall())
         sp.checkin(conn, discard=handle._detach())
-        await self.coordinator.release(lease)  # a store outage: the store retries it
+        if lease.lost is None:
+            await self.coordinator.release(lease)  # a store outage: the store retries it
+        else:  # the store is likely out of reach: answer the caller now (issue 22)
+            _detach(self._detached, self.coordinator.release(lease))
         emit(self.hooks, PoolEvent("finished", sp.name, outcome, held_s))
         await self._record(sp.name, handle.outcome)
 
@@ -557,10 +570,12 @@ class Pool:
         if row.provider:
             emit(self.hooks, PoolEvent("provider_error", sp.name, error.kind))
         waking = self.board.get(sp.name).waking(self.clock.wall())
-        if placed and (not row.down or waking):
+        # A 429's Retry-After is honoured (a user's QuotaExceeded says nothing of the Space)
+        asked = error.retry_after_s if isinstance(error, UpstreamTransportError) else None
+        if placed and (not (row.down or asked) or waking):
             return False
         if not waking:
-            sp.mark_down(error.kind, _SPACE_COOLDOWN_S)
+            sp.mark_down(error.kind, asked or _SPACE_COOLDOWN_S)
         emit(self.hooks, PoolEvent("failover", sp.name, error.kind))
         _log.warning("space %s failed (%s); failing over", sp.name, error.kind)
         return True

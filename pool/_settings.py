@@ -6,7 +6,7 @@ import os
 import tempfile
 from typing import Literal
 
-from pydantic import Field, SecretStr, model_validator
+from pydantic import AliasChoices, Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -68,7 +68,10 @@ class PoolSettings(BaseSettings):
         "fallback, a gradio_client.Client per connection",
     )
     user_hash_key: SecretStr | None = None
-    hf_token: SecretStr | None = Field(default=None, validation_alias="HF_TOKEN")
+    # POOL_HF_TOKEN, or HF_TOKEN: sent as x-hf-authorization (private Spaces); never shown
+    hf_token: SecretStr | None = Field(
+        default=None, validation_alias=AliasChoices("POOL_HF_TOKEN", "HF_TOKEN", "hf_token")
+    )
 
     @model_validator(mode="after")
     def _min_not_above_max(self) -> PoolSettings:

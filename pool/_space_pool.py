@@ -26,7 +26,7 @@ import httpx
 from ._clock import SYSTEM_CLOCK, Clock
 from ._connection import ClientFactory, Connection, ConnState, close_client
 from ._errors import classify_connect
-from ._exceptions import PoolClosedError, PoolError
+from ._exceptions import PoolClosedError, PoolError, UpstreamTransportError
 from ._legacy import NAME_WAIT_S
 from ._spaces import SpaceSpec
 from .resilience import RetryPolicy
@@ -76,6 +76,8 @@ class SpacePool:
         )
         self.down_until = 0.0
         self.last_error: str | None = None
+        # The Space's own queue as the last call that saw an ``estimation`` found it.
+        self.space_queue: dict[str, Any] | None = None
         self.opened_total = 0
         # The Space's api_names, from its config when a connection last opened (None:
         # not known yet); routing sends a call only where its endpoint exists.
@@ -284,8 +286,8 @@ class SpacePool:
                 if self._closed:  # cut by aclose(): no retry
                     raise PoolClosedError("pool closed while opening") from exc
                 error = classify_connect(exc).error
-                if not self._reopen.should_reopen(error, attempt):
-                    raise error from exc
+                if not self._reopen.should_reopen(error, attempt) or _asked_to_wait(error):
+                    raise error from exc  # a Retry-After is honoured by routing around
             await self._clock.sleep(self._reopen.delay(attempt))
 
     def _open_blocking(self) -> Any:
@@ -422,4 +424,14 @@ class SpacePool:
             "up": self.is_up(),
             "lastError": self.last_error,
             "generation": self.generation,
+            "spaceQueue": self.space_queue,
         }
+
+    def saw_queue(self, rank: int, size: int | None, at: float) -> None:
+        """A call found the Space's own queue so (rank 0 = next) before it started."""
+        self.space_queue = {"rank": rank, "size": size, "seenAt": round(at, 3)}
+
+
+def _asked_to_wait(error: PoolError) -> bool:
+    """The Space named a wait (429 Retry-After): no reopen before it passed."""
+    return isinstance(error, UpstreamTransportError) and bool(error.retry_after_s)

@@ -145,6 +145,8 @@ class Stats:
                 "transitions": h.transitions,
             },
             "wake": {"state": wake, "deadline": _iso(h.wake_until) if wake == "waking" else None},
+            # growth held at this window since the Space's own queue pushed back (None: not)
+            "heldAt": h.held_at if h.held(now) else None,
         }
 
     async def collect(self, health_running: bool, last_check: datetime | None) -> dict[str, Any]:

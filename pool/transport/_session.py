@@ -31,7 +31,7 @@ import asyncio
 import contextlib
 import json
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import httpx
@@ -40,10 +40,19 @@ from gradio_client.exceptions import AppError, ValidationError
 from httpx_sse import aconnect_sse
 
 from ._app import DIFF_PROTOCOLS, AppInfo, Endpoint, bind_args, shape_output
-from ._events import UpstreamDone, UpstreamEvent, UpstreamPartial, status_event
+from ._events import (
+    UpstreamDone,
+    UpstreamEvent,
+    UpstreamPartial,
+    UpstreamQueued,
+    UpstreamStarted,
+    status_event,
+)
 from ._feed import Feed
 from ._space import SpaceTransport
 
+Relay = Callable[[dict[str, Any]], None]
+"""Gets every raw queue message of one call (``Session.join_data``)."""
 EVENTS_KEEP = 256  # events kept per call for a reader that falls behind
 _READER_END_S = 0.5  # closing: how long an idle reader may take to see its stream end
 
@@ -96,6 +105,34 @@ class Session:
         call._task.add_done_callback(lambda _: self._all.discard(call))
         return call
 
+    async def join_data(
+        self,
+        fn_index: int,
+        data: list[Any],
+        *,
+        headers: Mapping[str, str] | None = None,
+        relay: Relay | None = None,
+    ) -> Call:
+        """Join a call of ``fn_index`` with its wire ``data`` as a client sent it (a
+        relay: no argument binding; local files among it uploaded first) and return it
+        once the Space named it. ``relay(msg)`` gets each raw message of the call as it
+        arrives. The join's errors (503 ``QueueError``, ``ValidationError``, httpx's)
+        are raised here; KeyError for an unknown ``fn_index``."""
+        if self.closed:
+            raise RuntimeError("session closed")
+        call = Call(self, self.app.endpoints[fn_index], list(data), dict(headers or {}), 1)
+        call.relay = relay
+        self._all.add(call)
+        call.result.add_done_callback(lambda _: self._all.discard(call))
+        try:
+            sent = await call._upload(call._data)
+            call.event_id = await self._join(call, sent)
+        except BaseException as exc:
+            call._fail(exc if isinstance(exc, Exception) else SessionDropped("cancelled"))
+            raise
+        self._register(call)
+        return call
+
     # -- wire requests -------------------------------------------------------------------
     async def _join(self, call: Call, data: list[Any]) -> str:
         body = {"data": data, "fn_index": call.endpoint.fn_index, "session_hash": self.hash,
@@ -106,6 +143,8 @@ class Session:
                                               headers=headers)  # fmt: skip
         if response.status_code == 503:
             raise utils.QueueError("Queue is full! Please try again.")
+        if response.status_code == 429:  # the Hub's rate limit, in front of the Space
+            raise self.space.rate_limited(response)
         if response.status_code == 422:
             await response.aread()
             if (message := utils.extract_validation_message(response)) is not None:
@@ -188,6 +227,14 @@ class Session:
                 async for _ in response.aiter_bytes():
                     pass
 
+    def stop_streams(self) -> None:
+        """Cut the data stream and the heartbeat now; the calls' own tasks (joins,
+        and the cancels they post after a join) go on. The Space drops the session's
+        events when it sees the stream end (gradio/routes.py ``queue_data``)."""
+        for task in (self._reader, self._heartbeat):
+            if task is not None:
+                task.cancel()
+
     def _drop_all(self, error: Exception) -> None:
         calls, self._calls = list(self._calls.values()), {}
         for call in calls:
@@ -233,7 +280,16 @@ class Call:
         self.outputs = Feed(keep)
         self.events = Feed(EVENTS_KEEP)
         self._diffed: list[Any] | None = None
+        self.relay: Relay | None = None  # every raw message, for a relay (join_data)
         self._cancel_requested = False
+        # The Space's own queue as this call saw it before it started (``estimation``:
+        # every joined event gets one, rank 0 = next, even one that starts at once;
+        # gradio/queueing.py ``broadcast_estimations``): the highest rank and its size.
+        self.queue_rank: int | None = None
+        self.queue_size: int | None = None
+        self.started = False
+        self.cancel_confirmed = False  # the Space answered a cancel of it (2xx)
+        self.ended = False  # the Space sent its last message (it runs no more)
         self._task: asyncio.Task[None] | None = None
 
     @property
@@ -253,7 +309,7 @@ class Call:
             self.event_id = await self.session._join(self, data)
             self.session._register(self)
             if self._cancel_requested:  # cancelled while joining: now it has a name
-                await self.session._cancel(self)
+                await self.send_cancel()
         except asyncio.CancelledError:
             self._fail(SessionDropped("the session was closed"))
             raise
@@ -294,16 +350,35 @@ class Call:
             return
         self._cancel_requested = True
         self._fail(CallCancelled("the call was cancelled"))
+        await self.send_cancel()
+
+    async def send_cancel(self) -> None:
+        """One ``POST cancel`` of a cancelled call (raises when it is not confirmed);
+        for a call still joining, waits for the join (``_run`` posts it after). Safe to
+        repeat: the Space answers a cancel of an event it no longer runs all the same
+        (gradio/routes.py ``cancel_event``). :mod:`pool._cancels` repeats it until
+        :attr:`cancel_settled`."""
         if self.event_id is not None:
             await self.session._cancel(self)
-        elif self._task is not None:  # _run posts the cancel after the join
+            self.cancel_confirmed = True
+        elif self._task is not None and not self._task.done():
             await asyncio.shield(self._task)
+
+    @property
+    def cancel_settled(self) -> bool:
+        """Nothing of this call can still run at the Space: its cancel was confirmed,
+        the Space ended it, or it was never joined (and will not be)."""
+        joining = self._task is not None and not self._task.done()
+        return self.cancel_confirmed or self.ended or (self.event_id is None and not joining)
 
     def _on_message(self, msg: dict[str, Any]) -> bool:
         """Handle one message of this call; True when it was the last."""
+        if self.relay is not None:
+            self.relay(msg)
         kind = msg.get("msg")
         event = status_event(msg)
         if event is not None:
+            self._note_queue(event)
             self._event(event)
             return False
         if kind in ("process_generating", "process_streaming"):
@@ -315,12 +390,23 @@ class Call:
                 self.outputs.append(value)
             return False
         if kind == "process_completed":
+            self.ended = True
             self._complete(msg)
             return True
         if kind in ("unexpected_error", "server_stopped"):
+            self.ended = True
             self._fail(SessionDropped(str(msg.get("message") or kind)))
             return True
         return False
+
+    def _note_queue(self, event: UpstreamEvent) -> None:
+        if isinstance(event, UpstreamStarted):
+            self.started = True
+        elif (
+            isinstance(event, UpstreamQueued) and not self.started and event.rank is not None
+            and (self.queue_rank is None or event.rank >= self.queue_rank)
+        ):  # fmt: skip
+            self.queue_rank, self.queue_size = event.rank, event.queue_size
 
     def _apply_diff(self, kind: Any, data: list[Any]) -> list[Any]:
         """Partial outputs after the first are diffs on sse_v2+ (gradio_client
