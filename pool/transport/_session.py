@@ -14,6 +14,9 @@ The queue protocol (``sse_v1``…``sse_v3``; gradio/routes.py ``queue_join``,
   event with an empty output.
 * ``GET heartbeat/{session_hash}`` (only when the config asks, ``connect_heartbeat``):
   while it is open the session's state is kept; when it ends, unload handlers run.
+  Opened by the first call that needs it (``Endpoint.needs_heartbeat``: it touches a
+  ``gr.State`` or is a ``stream`` event, or the app has ``unload`` listeners), so a
+  session of stateless calls costs no held connection (and no new one per lease).
 
 Here one reader task per session reads the stream and hands each message to its call
 at once (``Call._on_message``: no polling, no thread). A message for an event whose
@@ -166,7 +169,7 @@ class Session:
             self._dispatch(msg)
         if call.event_id in self._calls and (self._reader is None or self._reader.done()):
             self._reader = asyncio.get_running_loop().create_task(self._read(call.headers))
-        if self.app.heartbeat and self._heartbeat is None:
+        if call.endpoint.needs_heartbeat and self._heartbeat is None:
             self._heartbeat = asyncio.get_running_loop().create_task(self._beat(call.headers))
 
     def _dispatch(self, msg: dict[str, Any]) -> None:
