@@ -284,9 +284,21 @@ class Call:
         self._cancel_requested = False
         # The Space's own queue as this call saw it before it started (``estimation``:
         # every joined event gets one, rank 0 = next, even one that starts at once;
-        # gradio/queueing.py ``broadcast_estimations``): the highest rank and its size.
+        # gradio/queueing.py ``broadcast_estimations``): the highest rank, its size and
+        # the Space's ETA for it (``rank_eta``).
         self.queue_rank: int | None = None
         self.queue_size: int | None = None
+        self._queue_eta_s: float | None = None
+        # What the Space itself predicted this call would wait for a worker: its
+        # ``rank_eta`` is the function's average run time + ``wait_so_far`` (grows
+        # with the rank only when the endpoint has a concurrency_limit) + the time
+        # until a worker frees (only when the limit is reached); ``process_starts``
+        # then carries that average run time as ``eta``. Their difference is the
+        # Space's own statement of queueing, free of our clock and of the rank a
+        # burst of joins gets on an unlimited endpoint (gradio/queueing.py
+        # ``broadcast_estimations`` and ``process_events``).
+        self.queue_wait_s: float | None = None
+        self.run_eta_s: float | None = None
         self.started = False
         self.cancel_confirmed = False  # the Space answered a cancel of it (2xx)
         self.ended = False  # the Space sent its last message (it runs no more)
@@ -402,11 +414,23 @@ class Call:
     def _note_queue(self, event: UpstreamEvent) -> None:
         if isinstance(event, UpstreamStarted):
             self.started = True
+            self.run_eta_s = event.eta_s
+            if event.eta_s is not None and self._queue_eta_s is not None:
+                self.queue_wait_s = max(0.0, self._queue_eta_s - event.eta_s)
         elif (
             isinstance(event, UpstreamQueued) and not self.started and event.rank is not None
             and (self.queue_rank is None or event.rank >= self.queue_rank)
         ):  # fmt: skip
             self.queue_rank, self.queue_size = event.rank, event.queue_size
+            self._queue_eta_s = event.eta_s
+
+    @property
+    def congested(self) -> bool:
+        """The Space said this call would wait for a worker over half a run (an
+        unlimited endpoint never predicts a wait, whatever the rank a burst of joins
+        gets; a limited one does from rank 0 once its workers are all busy)."""
+        wait, run = self.queue_wait_s, self.run_eta_s
+        return wait is not None and run is not None and wait > 0.5 * run
 
     def _apply_diff(self, kind: Any, data: list[Any]) -> list[Any]:
         """Partial outputs after the first are diffs on sse_v2+ (gradio_client
