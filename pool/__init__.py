@@ -43,6 +43,7 @@ from collections.abc import AsyncIterator
 from ._clock import Clock
 from ._events import Hook, PoolEvent
 from ._exceptions import (
+    AmbiguousEndpoint,
     BusyError,
     DeadlineExceeded,
     InvalidRequest,
@@ -52,6 +53,8 @@ from ._exceptions import (
     PoolClosedError,
     PoolError,
     RefusedByPolicy,
+    SessionLost,
+    SessionNotFound,
     UnknownEndpoint,
     UnknownSpace,
     UpstreamAppError,
@@ -64,6 +67,7 @@ from ._guard import check_outbound
 from ._handle import Partial, PooledClient, PooledJob
 from ._pool import Pool
 from ._request import Prediction
+from ._sessions import PoolSession
 from ._settings import PoolSettings
 from ._spaces import SpaceSpec, parse_space, parse_spaces
 from .admission import WaitTicket
@@ -114,6 +118,7 @@ async def get_client(
 
 
 __all__ = [
+    "AmbiguousEndpoint",
     "BusyError",
     "Clock",
     "DeadlineExceeded",
@@ -128,12 +133,15 @@ __all__ = [
     "PoolClosedError",
     "PoolError",
     "PoolEvent",
+    "PoolSession",
     "PoolSettings",
     "PooledClient",
     "PooledJob",
     "Prediction",
     "ProgressUnit",
     "RefusedByPolicy",
+    "SessionLost",
+    "SessionNotFound",
     "SpaceSpec",
     "UnknownEndpoint",
     "UnknownSpace",

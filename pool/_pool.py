@@ -66,6 +66,7 @@ from ._handle import Partial, PooledClient
 from ._native import NativeFactory
 from ._request import Prediction, RequestPath
 from ._routing import Router, user_key
+from ._sessions import PoolSession, Sessions
 from ._settings import PoolSettings
 from ._space_pool import SpacePool
 from ._spaces import SpaceSpec, parse_spaces
@@ -173,6 +174,7 @@ class Pool:
         self._api_info: dict[str, tuple[object, dict[str, Any]]] = {}  # name → (app_id, info)
         # Retries, deadline, partials, events, files: the call over admitted attempts.
         self.requests = RequestPath(self.client, s, self.retry_policy, self.hooks, self.clock)
+        self.sessions = Sessions(self)  # conversations: one Space, one upstream session
 
     def _space_pools(self) -> dict[str, SpacePool]:
         s = self.settings
@@ -321,6 +323,7 @@ class Pool:
         avoid: Sequence[str] = (),
         wake_limit_s: float | None = None,
         api_name: str | None = None,
+        session: str | PoolSession | None = None,
     ) -> AsyncIterator[PooledClient]:
         """Admission, then an exclusive connection; everything released on exit.
 
@@ -332,9 +335,12 @@ class Pool:
         wait for the release at the end) by :class:`DeadlineExceeded`. ``api_name``:
         the endpoint the caller will call; without ``space``, only Spaces that have it
         (or whose API is not known yet) are candidates, and when no Space has it
-        :class:`UnknownEndpoint` is raised before any slot is taken.
+        :class:`UnknownEndpoint` is raised before any slot is taken. ``session``: one
+        from :meth:`open_session` (its Space, its upstream state; :mod:`pool._sessions`).
         """
         await self.start()
+        record = None if session is None else await self.sessions.resolve(session, email, space)
+        space = space if record is None else record.space
         if space is not None and space not in self.spaces:
             raise UnknownSpace(space, list(self.spaces))
         user = self.hash_user(email)
@@ -350,6 +356,8 @@ class Pool:
         started = self.clock.now()
         outcome = "ok"
         try:
+            if record is not None:
+                await self.sessions.attach(sp, conn, record)
             yield handle
         except PoolError as exc:
             outcome = exc.kind
@@ -436,6 +444,7 @@ class Pool:
         on_partial: Callable[[Partial], Awaitable[None]] | None = None,
         headers: Mapping[str, str] | None = None,
         on_event: Callable[[UpstreamEvent], Awaitable[None]] | None = None,
+        session: str | PoolSession | None = None,
     ) -> Prediction:
         """One predict with retries, failover, one deadline, partials, events and files
         (:meth:`pool._request.RequestPath.predict` says what each argument does)."""
@@ -443,8 +452,13 @@ class Pool:
             api_name, *args, email=email, space=space, kwargs=kwargs, timeout=timeout,
             queue_timeout_s=queue_timeout_s, safe_to_retry=safe_to_retry, ticket=ticket,
             on_admitted=on_admitted, download_to=download_to, on_partial=on_partial,
-            headers=headers, on_event=on_event,
+            headers=headers, on_event=on_event, session=session,
         )  # fmt: skip
+
+    async def open_session(self, email: str | None, space: str | None = None) -> PoolSession:
+        """A conversation: calls with ``session=`` share one Space and its ``gr.State``
+        (:mod:`pool._sessions`); it expires after ``POOL_SESSION_IDLE_S`` without a call."""
+        return await self.sessions.open(email, space)
 
     async def _admit_and_checkout(
         self,

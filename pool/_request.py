@@ -60,6 +60,7 @@ class _Call:
     download_to: str | os.PathLike[str] | None
     headers: Mapping[str, str] | None = None  # sent with this call's upstream requests
     on_event: Callable[[UpstreamEvent], Awaitable[None]] | None = None
+    session: Any = None  # a PoolSession or its id: every attempt continues it
     delivered: bool = False  # a partial reached the caller: never repeat the call
     failed: list[str] = field(default_factory=list)  # Spaces an attempt failed on
     handle: PooledClient | None = None  # the current attempt's, once admitted
@@ -107,6 +108,7 @@ class RequestPath:
         on_partial: Callable[[Partial], Awaitable[None]] | None = None,
         headers: Mapping[str, str] | None = None,
         on_event: Callable[[UpstreamEvent], Awaitable[None]] | None = None,
+        session: Any = None,
     ) -> Prediction:
         """One predict with the pool's retry policy, failover and deadline.
 
@@ -125,7 +127,8 @@ class RequestPath:
         Space skips older partials, never the latest); the result is the final output.
         Once a partial was delivered the call is never retried. ``headers`` go with
         every upstream request of this call (and no other); ``on_event(event)`` is
-        awaited for each protocol message (:meth:`PooledJob.events`).
+        awaited for each protocol message (:meth:`PooledJob.events`). ``session``: an
+        open session (``Pool.open_session``) the call continues, on its Space.
         """
         started = self.clock.now()
         call = _Call(
@@ -139,6 +142,7 @@ class RequestPath:
             download_to,
             headers,
             on_event,
+            session,
         )
         queue_timeout = (
             self.settings.queue_timeout_s if queue_timeout_s is None else queue_timeout_s
@@ -173,6 +177,7 @@ class RequestPath:
             avoid=call.failed,
             wake_limit_s=left,
             api_name=call.api_name,
+            **({} if call.session is None else {"session": call.session}),
         ) as handle:
             call.handle = handle
             return await self._run_admitted(handle, call, attempt)

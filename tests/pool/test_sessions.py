@@ -1,0 +1,102 @@
+"""Sessions through the library: a gr.ChatInterface keeps its history across calls of
+one session, sessions never see each other's, nothing is held between turns, and a
+deleted, expired or restarted session fails loudly."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Iterator
+
+import pytest
+
+from devspaces import SpaceProcess
+from pool import Pool, PoolSettings, SessionLost, SessionNotFound
+
+
+@pytest.fixture(scope="module")
+def talk() -> Iterator[SpaceProcess]:
+    """A chat Space of this module's own (one test restarts it)."""
+    with SpaceProcess("talk", kind="chat") as space:
+        yield space
+
+
+@pytest.fixture
+async def pool(talk: SpaceProcess) -> AsyncIterator[Pool]:
+    p = Pool(
+        PoolSettings(
+            spaces=f"talk={talk.url}", coordinator_url="memory://", min_connections=1,
+            session_idle_s=60.0,
+        )
+    )  # fmt: skip
+    await p.start()
+    yield p
+    await p.aclose()
+
+
+async def test_a_session_keeps_the_chat_history_and_two_sessions_stay_apart(pool: Pool) -> None:
+    """Three interleaved turns of two sessions: each reply names that session's earlier
+    messages only; between turns nothing is in use; a call without a session has none."""
+    a = await pool.open_session("ann@example.com")
+    b = await pool.open_session(None)
+    assert a.space == b.space == "talk" and a.id != b.id
+    for turn in ("one", "two", "three"):
+        for who, session in (("a", a), ("b", b)):
+            done = await pool.predict("/chat", f"{who}-{turn}",
+                                      email="ann@example.com" if who == "a" else None,
+                                      session=session)  # fmt: skip
+            assert done.space == "talk"
+        stats = await pool.stats()
+        assert stats["inUseConnections"] == 0 and stats["admission"]["globalInUse"] == 0
+    assert done.result.endswith("earlier: b-one | b-two")
+    last_a = await pool.predict("/chat", "a-four", email="ann@example.com", session=a.id)
+    assert last_a.result.endswith("earlier: a-one | a-two | a-three")
+    plain = await pool.predict("/chat", "alone")
+    assert plain.result.endswith("earlier: (nothing)")
+
+
+async def test_only_its_owner_may_use_a_session_and_a_deleted_one_is_gone(pool: Pool) -> None:
+    """Another email, no email, or a deleted session: SessionNotFound, before any slot."""
+    s = await pool.open_session("owner@example.com")
+    for email in ("other@example.com", None):
+        with pytest.raises(SessionNotFound):
+            await pool.predict("/chat", "x", email=email, session=s)
+    await pool.sessions.close(s, "owner@example.com")
+    with pytest.raises(SessionNotFound):
+        await pool.predict("/chat", "x", email="owner@example.com", session=s)
+    assert (await pool.stats())["admission"]["globalInUse"] == 0
+
+
+async def test_a_session_expires_after_its_idle_time_and_a_call_renews_it(pool: Pool) -> None:
+    """POOL_SESSION_IDLE_S=1: calls every 0.4 s keep it; left alone it ends (404)."""
+    pool.settings.session_idle_s = 1.0
+    s = await pool.open_session(None)
+    for _ in range(4):
+        await asyncio.sleep(0.4)
+        await pool.predict("/chat", "still here", session=s)
+    started = time.monotonic()
+    while True:  # bounded polling: expiry is the store's, not a timer of ours
+        try:
+            await pool.sessions.get(s, None)
+        except SessionNotFound:
+            break
+        assert time.monotonic() - started < 10, "the session never expired"
+        await asyncio.sleep(0.1)
+    assert time.monotonic() - started >= 0.5
+
+
+async def test_a_restarted_space_answers_session_lost_never_a_fresh_state(
+    pool: Pool, talk: SpaceProcess
+) -> None:
+    """The session's Space restarts (new app_id): the next turn is SessionLost, then
+    the session is gone; a new session works."""
+    s = await pool.open_session(None)
+    await pool.predict("/chat", "before", session=s)
+    talk.restart()
+    with pytest.raises(SessionLost):
+        await pool.predict("/chat", "after", session=s)
+    with pytest.raises(SessionNotFound):
+        await pool.predict("/chat", "after", session=s)
+    fresh = await pool.open_session(None)
+    done = await pool.predict("/chat", "new", session=fresh)
+    assert done.result.endswith("earlier: (nothing)")
