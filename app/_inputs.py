@@ -100,6 +100,7 @@ class Call:
             on_partial=on_partial,
             download_to=download_to,
             on_event=on_event,
+            session=body.session,
         )
 
     def cleanup(self) -> None:

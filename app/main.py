@@ -18,6 +18,7 @@ Behind this module, one concept each:
 * :mod:`app._inputs` — request bodies, JSON or multipart, and file arguments;
 * :mod:`app._files` — output files: the download folder, ``/api/files/{token}``;
 * :mod:`app._spaces` — discovery: ``/api/spaces``, ``/api/spaces/{name}/api``;
+* :mod:`app._sessions` — ``/api/sessions``: conversations that keep a Space's state;
 * :mod:`app._streaming` — ``POST /api/predict`` answered as Server-Sent Events;
 * :mod:`app._metrics` — Prometheus; :mod:`app._logging` — JSON access log;
 * :mod:`app._limits` — request body size cap; :mod:`app._settings` — the knobs;
@@ -47,6 +48,7 @@ from ._jobs import JobRunner, JobStore, MemoryJobStore
 from ._limits import BodySizeLimit
 from ._logging import AccessLog, configure_logging
 from ._metrics import on_pool_event
+from ._sessions import router as sessions_router
 from ._settings import ServiceSettings
 from ._shared_jobs import SharedJobStore
 from ._spaces import router as spaces_router
@@ -142,6 +144,7 @@ def create_app(settings: ServiceSettings | None = None) -> FastAPI:
     app.include_router(router)
     app.include_router(files_router)
     app.include_router(spaces_router)
+    app.include_router(sessions_router)
     app.include_router(dashboard_router)
     return app
 

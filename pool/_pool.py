@@ -45,6 +45,7 @@ from typing import Any, TypeVar
 
 import httpx
 
+from ._apps import Apps
 from ._clock import SYSTEM_CLOCK, Clock
 from ._connection import ClientFactory, Connection, gradio_factory, quiet_gradio_env
 from ._events import Hook, PoolEvent, emit
@@ -174,7 +175,16 @@ class Pool:
         self._api_info: dict[str, tuple[object, dict[str, Any]]] = {}  # name → (app_id, info)
         # Retries, deadline, partials, events, files: the call over admitted attempts.
         self.requests = RequestPath(self.client, s, self.retry_policy, self.hooks, self.clock)
-        self.sessions = Sessions(self)  # conversations: one Space, one upstream session
+
+    @functools.cached_property
+    def sessions(self) -> Sessions:
+        """Conversations: one Space, one upstream session each (pool/_sessions.py)."""
+        return Sessions(self)
+
+    @functools.cached_property
+    def apps(self) -> Apps:
+        """The Spaces' apps and replicas; routing's ambiguity check (pool/_apps.py)."""
+        return Apps(self.spaces, self.settings.connect_timeout_s, self._space_failed)
 
     def _space_pools(self) -> dict[str, SpacePool]:
         s = self.settings
@@ -502,7 +512,7 @@ class Pool:
                 tried.append(name)
                 continue
             if user is not None and space is None:
-                self.router.repin(user, name)
+                self.router.repin(self.apps.pin_key(user, api_name) or user, name)
             return lease, sp, conn
 
     async def _admit_one(
@@ -599,8 +609,10 @@ class Pool:
         with the endpoint — and whether this request is its half-open probe."""
         if space is not None:
             return await self._pick_named(space, tried, last)
-        self._check_endpoint(api_name)
         board = self.board
+        await self.apps.check(api_name, lambda n: board.get(n).admits())  # AmbiguousEndpoint
+        self._check_endpoint(api_name)
+        user = self.apps.pin_key(user, api_name)  # a pin per app
         while True:
             now = self.clock.wall()
             usable = [

@@ -1,28 +1,23 @@
 """Sessions through the library: a gr.ChatInterface keeps its history across calls of
 one session, sessions never see each other's, nothing is held between turns, and a
-deleted, expired or restarted session fails loudly."""
+deleted or expired session is not found (a restarted one: tests/service/test_sessions.py)."""
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 
 import pytest
 
 from devspaces import SpaceProcess
-from pool import Pool, PoolSettings, SessionLost, SessionNotFound
-
-
-@pytest.fixture(scope="module")
-def talk() -> Iterator[SpaceProcess]:
-    """A chat Space of this module's own (one test restarts it)."""
-    with SpaceProcess("talk", kind="chat") as space:
-        yield space
+from pool import Pool, PoolSettings, SessionNotFound
 
 
 @pytest.fixture
-async def pool(talk: SpaceProcess) -> AsyncIterator[Pool]:
+async def pool(stream_spaces: dict[str, SpaceProcess]) -> AsyncIterator[Pool]:
+    """A pool over the shared chat Space (a real gr.ChatInterface), as "talk"."""
+    talk = stream_spaces["chat"]
     p = Pool(
         PoolSettings(
             spaces=f"talk={talk.url}", coordinator_url="memory://", min_connections=1,
@@ -83,20 +78,3 @@ async def test_a_session_expires_after_its_idle_time_and_a_call_renews_it(pool: 
         assert time.monotonic() - started < 10, "the session never expired"
         await asyncio.sleep(0.1)
     assert time.monotonic() - started >= 0.5
-
-
-async def test_a_restarted_space_answers_session_lost_never_a_fresh_state(
-    pool: Pool, talk: SpaceProcess
-) -> None:
-    """The session's Space restarts (new app_id): the next turn is SessionLost, then
-    the session is gone; a new session works."""
-    s = await pool.open_session(None)
-    await pool.predict("/chat", "before", session=s)
-    talk.restart()
-    with pytest.raises(SessionLost):
-        await pool.predict("/chat", "after", session=s)
-    with pytest.raises(SessionNotFound):
-        await pool.predict("/chat", "after", session=s)
-    fresh = await pool.open_session(None)
-    done = await pool.predict("/chat", "new", session=fresh)
-    assert done.result.endswith("earlier: (nothing)")
