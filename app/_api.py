@@ -45,9 +45,10 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
     code: {"model": _ErrorBody, "description": text}
     for code, text in {
         401: "missing or wrong bearer token",
-        404: "unknown job",
+        404: "unknown job, or unknown/expired session (session_not_found)",
+        410: "the session's Space restarted: its state is gone (session_lost)",
         413: "body too large",
-        422: "invalid body, unknown api_name or Space, refused by policy",
+        422: "invalid body, unknown api_name or Space, ambiguous endpoint, refused by policy",
         502: "the Space failed",
         503: "busy (Retry-After), no healthy Space, shutting down",
         504: "deadline exceeded",
@@ -134,6 +135,7 @@ async def index() -> dict[str, Any]:
             "/api/predict",
             "/api/jobs",
             "/api/spaces",
+            "/api/sessions",
             "/api/admin/pool-stats",
             "/metrics",
         ],

@@ -167,6 +167,9 @@ KINDS: dict[str, str] = {
     "chat": "devspaces._streaming:chat_blocks",
     "headers": "devspaces._headers:headers_blocks",
     "shapes": "devspaces._shapes:shapes_blocks",
+    "upper": "devspaces._demos:upper_blocks",
+    "state": "devspaces._demos:state_blocks",
+    "filename": "devspaces._demos:filename_blocks",
 }
 
 

@@ -112,7 +112,7 @@ class Apps:
         known yet (and not ruled out by ``admits``) are connected to first."""
         if api_name is None or len(self._spaces) < 2:
             return
-        await self._discover(admits)
+        await self.discover(admits)
         kinds = self._serving(api_name)
         if len(kinds) > 1:
             apps: dict[str, list[str]] = {}
@@ -131,7 +131,9 @@ class Apps:
             return user
         return f"{user}@{apps.pop()}"
 
-    async def _discover(self, admits: Callable[[str], bool]) -> None:
+    async def discover(self, admits: Callable[[str], bool]) -> None:
+        """Connect once to every Space whose API is not known yet (and that ``admits``
+        allows), in parallel, bounded; no admission slot."""
         unknown = [sp for sp in self._spaces.values()
                    if sp.signatures is None and sp.is_up() and admits(sp.name)]  # fmt: skip
         if not unknown:

@@ -15,9 +15,8 @@ from pool import Pool, PoolSettings, SessionNotFound
 
 
 @pytest.fixture
-async def pool(stream_spaces: dict[str, SpaceProcess]) -> AsyncIterator[Pool]:
-    """A pool over the shared chat Space (a real gr.ChatInterface), as "talk"."""
-    talk = stream_spaces["chat"]
+async def pool(talk: SpaceProcess) -> AsyncIterator[Pool]:
+    """A pool over the chat Space (a real gr.ChatInterface)."""
     p = Pool(
         PoolSettings(
             spaces=f"talk={talk.url}", coordinator_url="memory://", min_connections=1,

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -17,13 +16,6 @@ from devspaces import SpaceProcess
 from .conftest import ServiceFactory, ServiceProcess, admin_headers
 
 IDLE_S = 6.0
-
-
-@pytest.fixture(scope="module")
-def talk() -> Iterator[SpaceProcess]:
-    """This module's own chat Space (the last test restarts it)."""
-    with SpaceProcess("talk", kind="chat") as space:
-        yield space
 
 
 @pytest.fixture(scope="module")
