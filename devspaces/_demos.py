@@ -1,6 +1,9 @@
 """Stand-in kinds that are Gradio's own demo apps, each a ``gr.Interface`` (so each
 one's endpoint is ``/predict``, as for every Interface):
 
+(Gradio 6 names an Interface's endpoint after its function unless told: these say
+``api_name="predict"``, the name every Interface had before.)
+
 * ``upper`` — Gradio's hello-world shape: text in, the text upper-cased (and the
   Space's name, so a test sees which replica answered) out;
 * ``state`` — Gradio's ``demo/interface_state`` (``store_message``): the history of
@@ -29,7 +32,9 @@ def upper_blocks(meter: _Meter, concurrency_limit: int, max_size: int | None) ->
         finally:
             meter.leave(started)
 
-    demo = gr.Interface(fn=upper, inputs="text", outputs="text", title=meter.name)
+    demo = gr.Interface(
+        fn=upper, inputs="text", outputs="text", title=meter.name, api_name="predict"
+    )
     demo.queue(default_concurrency_limit=concurrency_limit, max_size=max_size)
     return demo
 
@@ -49,6 +54,7 @@ def state_blocks(meter: _Meter, concurrency_limit: int, max_size: int | None) ->
         inputs=["textbox", gr.State(value=[])],
         outputs=["json", gr.State()],
         title=meter.name,
+        api_name="predict",
     )
     demo.queue(default_concurrency_limit=concurrency_limit, max_size=max_size)
     return demo
@@ -67,7 +73,11 @@ def filename_blocks(meter: _Meter, concurrency_limit: int, max_size: int | None)
             meter.leave(started)
 
     demo = gr.Interface(
-        fn=names, inputs=gr.File(file_count="multiple"), outputs="json", title=meter.name
+        fn=names,
+        inputs=gr.File(file_count="multiple"),
+        outputs="json",
+        title=meter.name,
+        api_name="predict",
     )
     demo.queue(default_concurrency_limit=concurrency_limit, max_size=max_size)
     return demo
