@@ -122,9 +122,9 @@ class Apps:
             raise AmbiguousEndpoint(api_name, apps)
 
     def pin_key(self, user: str | None, api_name: str | None) -> str | None:
-        """What a user's pin is kept under: the user alone until the app of the call is
-        known, then the user in that app."""
-        if user is None or api_name is None:
+        """What a user's pin is kept under: the user alone while the pool has one app
+        (or the call's is not known), else the user in the call's app."""
+        if user is None or api_name is None or len(self.apps()) <= 1:
             return user
         apps = {self.app_of(n) for names in self._serving(api_name).values() for n in names}
         if len(apps) != 1 or None in apps:
