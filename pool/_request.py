@@ -25,6 +25,7 @@ from ._clock import Clock
 from ._events import Hook, PoolEvent, emit
 from ._exceptions import DeadlineExceeded, UpstreamTransportError
 from ._handle import Partial, PooledClient, PooledJob
+from ._sessions import PoolSession
 from ._settings import PoolSettings
 from .admission import WaitTicket
 from .resilience import RetryPolicy
@@ -60,7 +61,7 @@ class _Call:
     download_to: str | os.PathLike[str] | None
     headers: Mapping[str, str] | None = None  # sent with this call's upstream requests
     on_event: Callable[[UpstreamEvent], Awaitable[None]] | None = None
-    session: Any = None  # a PoolSession or its id: every attempt continues it
+    session: str | PoolSession | None = None  # every attempt continues this session
     delivered: bool = False  # a partial reached the caller: never repeat the call
     failed: list[str] = field(default_factory=list)  # Spaces an attempt failed on
     handle: PooledClient | None = None  # the current attempt's, once admitted
@@ -108,7 +109,7 @@ class RequestPath:
         on_partial: Callable[[Partial], Awaitable[None]] | None = None,
         headers: Mapping[str, str] | None = None,
         on_event: Callable[[UpstreamEvent], Awaitable[None]] | None = None,
-        session: Any = None,
+        session: str | PoolSession | None = None,
     ) -> Prediction:
         """One predict with the pool's retry policy, failover and deadline.
 
