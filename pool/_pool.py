@@ -610,7 +610,8 @@ class Pool:
         if space is not None:
             return await self._pick_named(space, tried, last)
         board = self.board
-        await self.apps.check(api_name, lambda n: board.get(n).admits())  # AmbiguousEndpoint
+        # AmbiguousEndpoint, before any slot (Spaces the pool paused are not woken for it)
+        await self.apps.check(api_name, lambda n: board.get(n).admits() and not board.get(n).paused)
         self._check_endpoint(api_name)
         user = self.apps.pin_key(user, api_name)  # a pin per app
         while True:
