@@ -35,7 +35,7 @@ def _serve(args: argparse.Namespace) -> int:
     )
     uvicorn.run(
         app,
-        host=HOST,
+        host=args.host,
         port=args.port,
         log_level=args.log_level,
         timeout_graceful_shutdown=1,
@@ -84,6 +84,7 @@ def _parser() -> argparse.ArgumentParser:
     serve = commands.add_parser("serve", help="run one stand-in Space")
     serve.add_argument("--name", required=True)
     serve.add_argument("--port", type=int, required=True)
+    serve.add_argument("--host", default=HOST, help="address to bind (default %(default)s)")
     serve.add_argument("--log-level", default="warning")
     common(serve)
     serve.set_defaults(run=_serve)

@@ -34,6 +34,7 @@ from typing import Any
 import httpx
 
 from . import _files
+from ._cancels import deliver_cancel, first_attempt
 from ._clock import SYSTEM_CLOCK, Clock
 from ._connection import Connection
 from ._errors import Classified, classify
@@ -200,8 +201,7 @@ class PooledJob:
         # A job the Space has not named yet is cancelled once it is, in the background:
         # a deadline is not held up by a slow join (the connection's close waits for it).
         if pending is not None and not unnamed:
-            with contextlib.suppress(Exception):
-                await pending
+            await first_attempt(pending)
 
     def _cancel_in_background(self) -> None:
         self._start_cancel()
@@ -214,18 +214,12 @@ class PooledJob:
         self._cancelled = True
         self._handle._dirty = True
         unnamed = not self._job.named
-        pending = asyncio.ensure_future(_quiet(self._job.cancel()))
+        pending = asyncio.ensure_future(deliver_cancel(self._job))
         self._handle._track(pending)
         return pending, unnamed
 
     def __await__(self) -> Any:
         return self.result().__await__()
-
-
-async def _quiet(cancel: Any) -> None:
-    """An upstream cancel that never raises (the Space gone, the pool closed)."""
-    with contextlib.suppress(Exception):
-        await cancel
 
 
 class PooledClient:
@@ -347,6 +341,10 @@ class PooledClient:
             job._cancel_in_background()
             job._job.outputs.poke()  # a partials() or events() reader wakes: LeaseLost
             job._job.events.poke()
+        if self._conn is not None and self._conn.native:
+            # The data stream closed now, not when the connection goes: cut off, the
+            # Space sees the disconnect as soon as packets flow again.
+            self._conn.client.stop_streams()
         if self._fenced is not None and not self._fenced.done():
             self._fenced.set_result(None)
 

@@ -61,6 +61,12 @@ class NativeClient:
             self._retired.add(task)
             task.add_done_callback(self._retired.discard)
 
+    def stop_streams(self) -> None:
+        """Close the current session's data stream and heartbeat at once (a fenced
+        lease: its jobs must not go on at the Space)."""
+        if self._session is not None:
+            self._session.stop_streams()
+
     def submit(
         self, api_name: str | None, args: tuple[Any, ...], kwargs: Mapping[str, Any],
         headers: Mapping[str, str] | None, keep: int,

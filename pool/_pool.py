@@ -112,6 +112,14 @@ def _log_failure(task: asyncio.Task[Any]) -> None:
         _log.error("a release failed after its caller left: %r", exc)
 
 
+def _detach(tasks: set[asyncio.Task[Any]], work: Coroutine[Any, Any, Any]) -> None:
+    """Run ``work`` alone, kept in ``tasks`` (which ``aclose`` waits for)."""
+    task = asyncio.get_running_loop().create_task(work)
+    tasks.add(task)
+    task.add_done_callback(tasks.discard)
+    task.add_done_callback(_log_failure)
+
+
 class Pool:
     """Warm gradio_client connections for several Spaces behind one admission."""
 
@@ -414,7 +422,10 @@ class Pool:
         """Every step of a release, in one task (so no second cancel skips one)."""
         self._handles.discard(handle)
         sp.checkin(conn, discard=handle._detach())
-        await self.coordinator.release(lease)  # a store outage: the store retries it
+        if lease.lost is None:
+            await self.coordinator.release(lease)  # a store outage: the store retries it
+        else:  # the store is likely out of reach: answer the caller now (issue 22)
+            _detach(self._detached, self.coordinator.release(lease))
         emit(self.hooks, PoolEvent("finished", sp.name, outcome, held_s))
         await self._record(sp.name, handle.outcome)
 

@@ -15,6 +15,8 @@ Redis Cluster, as every script touches all the keys)::
     leases    HASH   lease id -> the same record; a granted waiter keeps its id
     lexp      ZSET   lease id scored by its expiry
     noglobal  SET    queued waiter ids that do not need ``backend:global``
+    gone      ZSET   tombstones: withdrawn, released, dropped or expired ids scored by
+                     when they may be forgotten (>= one lease TTL later; see below)
 
 Shared values live under the same prefix (``values:<ns>``, ``vexp:<ns>``), read and
 written by their own script (:mod:`pool.admission._redis_values`); this one never
@@ -42,6 +44,15 @@ Why it is shaped this way:
   1000) and redis-py's retries are off: an admission that cannot reach Redis raises
   at once (the coordinator maps it to ``BusyError(reason="coordinator_unavailable")``)
   instead of retrying a non-idempotent script. The subscriber reconnects by itself.
+* **A late command cannot act.** A command abandoned on timeout may still reach
+  Redis later (seen: an enqueue 7 s after a partition healed, after its waiter had
+  been withdrawn on a new connection). So every id that leaves the store (withdrawn,
+  released, dropped, expired) leaves a tombstone in ``gone`` for at least one lease
+  TTL (``meta tomb_ms``: the longest TTL any client registered), and an enqueue or a
+  restore of a tombstoned id does nothing (answers ``GONE``); a renewal already
+  ignores an unknown id. And the client resets (``SO_LINGER`` 0) a connection it
+  abandons, so the kernel drops what it had not delivered instead of retransmitting
+  it after the heal (:mod:`pool.admission._redis_conn`).
 * **Surviving a restart, empty or from an older snapshot.** Admitting against a
   store that forgot slots still in use would break the cap. So each client sends the
   store *epoch* it knows, and a script run against another epoch does nothing and
@@ -82,12 +93,15 @@ from redis.exceptions import NoScriptError, ResponseError
 
 from ._lease_keeper import LocalEntries, SharedCoordinator, StoreView, Withdrawn
 from ._protocol import AdmissionSnapshot, StoreUnavailable, new_id
+from ._redis_conn import ResetOnClose
 from ._redis_values import UNREACHABLE as _UNREACHABLE
 from ._redis_values import RedisValues
 
 _log = logging.getLogger("pool.admission")
 
-_KEYS = ("meta", "limits", "held", "queue", "waiters", "wexp", "leases", "lexp", "noglobal")
+# "gone" is last on purpose: other keys may be added before it (KEYS[10] in the script).
+_KEYS = ("meta", "limits", "held", "queue", "waiters", "wexp", "leases", "lexp", "noglobal",
+         "gone")
 _OPS_PER_RUN = 32  # operations per script run at most: Redis runs one script at a time
 
 _SCRIPT = r"""
@@ -97,6 +111,7 @@ _SCRIPT = r"""
 local META, LIMITS, HELD, QUEUE = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local WAITERS, WEXP, LEASES, LEXP = KEYS[5], KEYS[6], KEYS[7], KEYS[8]
 local NOGLOBAL = KEYS[9]
+local GONE = KEYS[#KEYS]              -- tombstones (issue 22): always the last key
 local BATCH, chan = ARGV, ARGV[1]
 -- Rebound to each operation in turn (see the end): ARGV = {op, owner, epoch, chan, ...}.
 local ARGV, op, owner, epoch = {}, '', '', ''
@@ -135,8 +150,28 @@ end
 
 local function held_of(r) return tonumber(redis.call('HGET', HELD, r) or '0') end
 
+-- == Tombstones (issue 22: a late command cannot act) ==================================
+-- An id that left the store stays refused for at least one lease TTL: a late enqueue
+-- or restore of it (sent before its withdraw, delivered after) is a no-op.
+local TOMB_DEFAULT_MS = 60000         -- before any client registered its TTL
+local function bury(id)
+  local keep = tonumber(redis.call('HGET', META, 'tomb_ms') or TOMB_DEFAULT_MS)
+  redis.call('ZADD', GONE, now + keep, id)
+end
+local function is_gone(id)
+  redis.call('ZREMRANGEBYSCORE', GONE, '-inf', now)
+  return redis.call('ZSCORE', GONE, id) ~= false
+end
+local function note_ttl(ttl)          -- tombstones outlive the longest TTL in use
+  if ttl > tonumber(redis.call('HGET', META, 'tomb_ms') or '0') then
+    redis.call('HSET', META, 'tomb_ms', ttl)
+  end
+end
+-- == end of tombstones ==================================================================
+
 local function drop_lease(id)
   redis.call('ZREM', LEXP, id)
+  bury(id)                                     -- tombstone (issue 22), found or not
   local rec = redis.call('HGET', LEASES, id)
   if not rec then return false end
   for _, r in ipairs(cjson.decode(rec).r) do
@@ -146,11 +181,13 @@ local function drop_lease(id)
   return true
 end
 
-local function drop_waiter(id)
+local function drop_waiter(id, granted)
   redis.call('ZREM', QUEUE, id)
   redis.call('ZREM', WEXP, id)
   redis.call('SREM', NOGLOBAL, id)
-  return redis.call('HDEL', WAITERS, id) == 1
+  local found = redis.call('HDEL', WAITERS, id) == 1
+  if not granted then bury(id) end             -- tombstone (issue 22); a grant lives on
+  return found
 end
 
 -- Every new deadline goes through here (renewals only move deadlines later).
@@ -239,7 +276,7 @@ local function one_pass(mine, others)
         end
         if fits then                                           -- (2) grant, all or nothing
           for _, r in ipairs(w.r) do counts[r] = (counts[r] or 0) + 1 end
-          drop_waiter(id)
+          drop_waiter(id, true)
           gone = gone + 1
           make_lease(id, rec, w)
           granted = true
@@ -294,6 +331,8 @@ if op == 'enqueue' then
   local w = {o = owner, t = ttl, r = cjson.decode(ARGV[6])}
   local rec = cjson.encode(w)
   reclaim()
+  note_ttl(ttl)
+  if is_gone(id) then return reply('GONE', {}, {}) end  -- a late enqueue (issue 22)
   if redis.call('ZCARD', QUEUE) == 0 and not quarantined() then
     -- Nobody queued: the rule reduces to "every resource has a free slot".
     local fits = true
@@ -333,6 +372,8 @@ elseif op == 'withdraw' then
     status = 'GRANTED'
     if keep then return reply(status, {}, {}) end
     drop_lease(id)
+  else
+    bury(id)                                   -- its enqueue may still arrive (issue 22)
   end
   return reply(status, grant_pass(), {}, position)
 
@@ -400,6 +441,7 @@ elseif op == 'restore' then
   -- 7 ttl_ms, 8 secret,
   -- then counted lists: limits (name, n), leases (id, resources), waiters (id, resources).
   local prev, ttl, secret = ARGV[5], tonumber(ARGV[7]), ARGV[8]
+  note_ttl(ttl)
   local current = redis.call('HGET', META, 'epoch')
   if not current then
     current = ARGV[6]
@@ -430,8 +472,10 @@ elseif op == 'restore' then
   for _ = 1, n do
     local id, w = ARGV[i], {o = owner, t = ttl, r = cjson.decode(ARGV[i + 1])}
     i = i + 2
-    if redis.call('HEXISTS', LEASES, id) == 0 then
-      drop_waiter(id)
+    if is_gone(id) then
+      refused[#refused + 1] = id               -- it left the store: never back (issue 22)
+    elseif redis.call('HEXISTS', LEASES, id) == 0 then
+      drop_waiter(id, true)
       -- Taken back only into free slots: a slot given away meanwhile stays given.
       local fits = true
       for _, r in ipairs(w.r) do
@@ -444,7 +488,9 @@ elseif op == 'restore' then
   for _ = 1, n do
     local id, w = ARGV[i], {o = owner, t = ttl, r = cjson.decode(ARGV[i + 1])}
     i = i + 2
-    if redis.call('HEXISTS', LEASES, id) == 0 and redis.call('HEXISTS', WAITERS, id) == 0 then
+    if is_gone(id) then
+      refused[#refused + 1] = id               -- it left the store: never back (issue 22)
+    elseif redis.call('HEXISTS', LEASES, id) == 0 and redis.call('HEXISTS', WAITERS, id) == 0 then
       add_waiter(id, cjson.encode(w), w)
     end
   end
@@ -532,6 +578,9 @@ class _RedisStore:
             socket_connect_timeout=timeout_s,
             retry=Retry(NoBackoff(), 0),
             health_check_interval=max(5, int(lease_ttl_s)),
+            # A redis:// URL's connections are reset when abandoned (a rediss:// or
+            # unix:// URL names its own class, which wins).
+            connection_class=ResetOnClose,
         )
         self._sha = hashlib.sha1(_SCRIPT.encode()).hexdigest()
         self._batch: list[tuple[list[str | int | float], asyncio.Future[list[Any]]]] = []

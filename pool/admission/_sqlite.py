@@ -10,6 +10,7 @@ processes. The whole fleet state lives in the file::
     secret(id = 1, key)                           created once, read by everyone
     shared_values(ns, key, value, expires_at)     shared values, apart from admission
     meta(key, value)                              quarantine: no grant before this time
+    gone(id, expires_at)                          tombstones of ids that left the store
 
 ``seq`` is the arrival order, fleet-wide. Holder counts are *derived* from the live
 leases (``json_each`` over their resources) instead of kept in a counter table, so
@@ -39,6 +40,13 @@ Why it is shaped this way:
   opened, the call raises :class:`StoreUnavailable`, which the coordinator turns into
   ``BusyError(reason="coordinator_unavailable")``. Granted leases keep running; they
   are renewed again once the file answers.
+
+* **A late command cannot act.** Every id that leaves the store (withdrawn,
+  released, dropped, expired) leaves a row in ``gone`` for at least one lease TTL
+  (the longest TTL of the ids it buries), and an enqueue or a re-registration of a
+  buried id does nothing. SQLite calls are not abandoned on timeout as Redis's are,
+  but a call queued to the worker thread still runs after its caller gave up; the
+  rule is the same for both stores (``tests/admission/test_stale_commands.py``).
 
 * **A file deleted or replaced under us.** A process keeps using the inode it
   opened, so a deleted or replaced file would split the fleet in two. Each round the
@@ -117,6 +125,9 @@ _SCHEMA = (
     "CREATE TABLE IF NOT EXISTS stats (key TEXT PRIMARY KEY, value REAL NOT NULL)",
     "CREATE TABLE IF NOT EXISTS secret (id INTEGER PRIMARY KEY CHECK (id = 1), key BLOB NOT NULL)",
     "CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value REAL NOT NULL)",
+    # Tombstones (issue 22): ids that left the store, refused until expires_at.
+    "CREATE TABLE IF NOT EXISTS gone (id TEXT PRIMARY KEY, expires_at REAL NOT NULL)",
+    "CREATE INDEX IF NOT EXISTS gone_expiry ON gone(expires_at)",
     *VALUES_SCHEMA,
 )
 
@@ -446,6 +457,9 @@ class _SQLiteStore:
         limit_of = limit_lookup(_limits(conn))
         refused: list[str] = []
         for key, resources in leases:
+            if _is_gone(conn, now, key):
+                refused.append(key)  # it left the store: never back (issue 22)
+                continue
             if conn.execute("SELECT 1 FROM leases WHERE id = ?", (key,)).fetchone():
                 continue
             conn.execute("DELETE FROM waiters WHERE id = ?", (key,))
@@ -460,7 +474,9 @@ class _SQLiteStore:
                 (key, self._owner, json.dumps(resources), ttl, now, now + ttl),
             )
         for key, resources in waiters:
-            if not conn.execute(
+            if _is_gone(conn, now, key):
+                refused.append(key)
+            elif not conn.execute(
                 "SELECT 1 FROM leases WHERE id = ?1 UNION ALL SELECT 1 FROM waiters WHERE id = ?1",
                 (key,),
             ).fetchone():
@@ -488,8 +504,7 @@ class _SQLiteStore:
         ``newcomer`` is a waiter not yet in the table that queues behind everybody:
         granted, it becomes a lease without ever being a waiter row.
         """
-        conn.execute("DELETE FROM leases WHERE expires_at < ?", (now,))
-        conn.execute("DELETE FROM waiters WHERE expires_at < ?", (now,))
+        _reclaim(conn, now)
         if newcomer is None and conn.execute("SELECT 1 FROM waiters LIMIT 1").fetchone() is None:
             return set()
         if conn.execute(
@@ -544,6 +559,9 @@ class _SQLiteStore:
     def _enqueue(
         self, conn: sqlite3.Connection, now: float, key: str, resources: tuple[str, ...]
     ) -> StoreView:
+        _reclaim(conn, now)
+        if _is_gone(conn, now, key):  # a late enqueue of a withdrawn id (issue 22)
+            return StoreView()
         mine = self._grant(conn, now, (key, resources))
         if key in mine:
             return StoreView(granted=frozenset(mine))
@@ -574,11 +592,13 @@ class _SQLiteStore:
             if keep:
                 return Withdrawn(True, 0, StoreView())
             conn.execute("DELETE FROM leases WHERE id = ?", (key,))
+        _bury(conn, now, [key], self._ttl)  # found or not: its enqueue may come late
         return Withdrawn(granted, position, StoreView(granted=frozenset(self._grant(conn, now))))
 
     def _release(
         self, conn: sqlite3.Connection, now: float, key: str, held_s: float
     ) -> StoreView:
+        _bury(conn, now, [key], self._ttl)
         if conn.execute("DELETE FROM leases WHERE id = ?", (key,)).rowcount:
             conn.execute(
                 "INSERT INTO stats (key, value) VALUES ('mean_hold_s', 0.8 + 0.2 * ?1)"
@@ -633,6 +653,7 @@ class _SQLiteStore:
         return set(ids) - {r for (r,) in found}
 
     def _drop(self, conn: sqlite3.Connection, now: float, ids: str) -> None:
+        _bury(conn, now, json.loads(ids), self._ttl)
         conn.execute(f"DELETE FROM leases WHERE id IN {_IDS}", (ids,))
         conn.execute(f"DELETE FROM waiters WHERE id IN {_IDS}", (ids,))
         self._grant(conn, now)
@@ -749,3 +770,30 @@ def _secret(conn: sqlite3.Connection, candidate: bytes) -> bytes:
     conn.execute("INSERT OR IGNORE INTO secret (id, key) VALUES (1, ?)", (candidate,))
     (key,) = conn.execute("SELECT key FROM secret WHERE id = 1").fetchone()
     return bytes(key)
+
+
+# -- tombstones (issue 22): see "A late command cannot act" in the module doc -------------
+def _bury(conn: sqlite3.Connection, now: float, ids: Iterable[str], ttl_s: float) -> None:
+    """Refuse these ids for at least ``ttl_s`` (and the TTL they were registered with)."""
+    conn.execute("DELETE FROM gone WHERE expires_at < ?", (now,))
+    conn.executemany(
+        "INSERT INTO gone (id, expires_at) VALUES (?1, ?2) ON CONFLICT (id)"
+        " DO UPDATE SET expires_at = max(expires_at, excluded.expires_at)",
+        [(key, now + ttl_s) for key in ids],
+    )
+
+
+def _reclaim(conn: sqlite3.Connection, now: float) -> None:
+    """Delete the expired leases and waiters, burying their ids."""
+    for table in ("leases", "waiters"):
+        conn.execute(
+            f"INSERT OR REPLACE INTO gone (id, expires_at) SELECT id, ? + ttl_s FROM {table}"
+            " WHERE expires_at < ?",
+            (now, now),
+        )
+        conn.execute(f"DELETE FROM {table} WHERE expires_at < ?", (now,))
+
+
+def _is_gone(conn: sqlite3.Connection, now: float, key: str) -> bool:
+    row = conn.execute("SELECT 1 FROM gone WHERE id = ? AND expires_at >= ?", (key, now))
+    return row.fetchone() is not None

@@ -185,6 +185,14 @@ class Session:
                 async for _ in response.aiter_bytes():
                     pass
 
+    def stop_streams(self) -> None:
+        """Cut the data stream and the heartbeat now; the calls' own tasks (joins,
+        and the cancels they post after a join) go on. The Space drops the session's
+        events when it sees the stream end (gradio/routes.py ``queue_data``)."""
+        for task in (self._reader, self._heartbeat):
+            if task is not None:
+                task.cancel()
+
     def _drop_all(self, error: Exception) -> None:
         calls, self._calls = list(self._calls.values()), {}
         for call in calls:
@@ -231,6 +239,8 @@ class Call:
         self.events = Feed(EVENTS_KEEP)
         self._diffed: list[Any] | None = None
         self._cancel_requested = False
+        self.cancel_confirmed = False  # the Space answered a cancel of it (2xx)
+        self.ended = False  # the Space sent its last message (it runs no more)
         self._task: asyncio.Task[None] | None = None
 
     @property
@@ -250,7 +260,7 @@ class Call:
             self.event_id = await self.session._join(self, data)
             self.session._register(self)
             if self._cancel_requested:  # cancelled while joining: now it has a name
-                await self.session._cancel(self)
+                await self.send_cancel()
         except asyncio.CancelledError:
             self._fail(SessionDropped("the session was closed"))
             raise
@@ -292,10 +302,26 @@ class Call:
             return
         self._cancel_requested = True
         self._fail(CallCancelled("the call was cancelled"))
+        await self.send_cancel()
+
+    async def send_cancel(self) -> None:
+        """One ``POST cancel`` of a cancelled call (raises when it is not confirmed);
+        for a call still joining, waits for the join (``_run`` posts it after). Safe to
+        repeat: the Space answers a cancel of an event it no longer runs all the same
+        (gradio/routes.py ``cancel_event``). :mod:`pool._cancels` repeats it until
+        :attr:`cancel_settled`."""
         if self.event_id is not None:
             await self.session._cancel(self)
-        elif self._task is not None:  # _run posts the cancel after the join
+            self.cancel_confirmed = True
+        elif self._task is not None and not self._task.done():
             await asyncio.shield(self._task)
+
+    @property
+    def cancel_settled(self) -> bool:
+        """Nothing of this call can still run at the Space: its cancel was confirmed,
+        the Space ended it, or it was never joined (and will not be)."""
+        joining = self._task is not None and not self._task.done()
+        return self.cancel_confirmed or self.ended or (self.event_id is None and not joining)
 
     def _on_message(self, msg: dict[str, Any]) -> bool:
         """Handle one message of this call; True when it was the last."""
@@ -313,9 +339,11 @@ class Call:
                 self.outputs.append(value)
             return False
         if kind == "process_completed":
+            self.ended = True
             self._complete(msg)
             return True
         if kind in ("unexpected_error", "server_stopped"):
+            self.ended = True
             self._fail(SessionDropped(str(msg.get("message") or kind)))
             return True
         return False
