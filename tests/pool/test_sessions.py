@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import pytest
 
@@ -15,11 +16,12 @@ from pool import Pool, PoolSettings, SessionNotFound
 
 
 @pytest.fixture
-async def pool(talk: SpaceProcess) -> AsyncIterator[Pool]:
-    """A pool over the chat Space (a real gr.ChatInterface)."""
+async def pool(talk: SpaceProcess, tmp_path: Path) -> AsyncIterator[Pool]:
+    """A pool over the chat Space (a real gr.ChatInterface), sessions in SQLite."""
     p = Pool(
         PoolSettings(
-            spaces=f"talk={talk.url}", coordinator_url="memory://", min_connections=1,
+            spaces=f"talk={talk.url}", coordinator_url=f"sqlite:///{tmp_path / 'c.db'}",
+            min_connections=1,
             session_idle_s=60.0,
         )
     )  # fmt: skip
@@ -62,18 +64,21 @@ async def test_only_its_owner_may_use_a_session_and_a_deleted_one_is_gone(pool: 
 
 
 async def test_a_session_expires_after_its_idle_time_and_a_call_renews_it(pool: Pool) -> None:
-    """POOL_SESSION_IDLE_S=1: calls every 0.4 s keep it; left alone it ends (404)."""
-    pool.settings.session_idle_s = 1.0
+    """POOL_SESSION_IDLE_S=2: calls 0.3 s apart keep it for longer than that; left
+    alone it ends (SessionNotFound), not before its idle time (polled, not timed)."""
+    pool.settings.session_idle_s = 2.0
     s = await pool.open_session(None)
-    for _ in range(4):
-        await asyncio.sleep(0.4)
+    kept_from = time.monotonic()
+    for _ in range(8):
+        await asyncio.sleep(0.3)
+        last_call = time.monotonic()  # the call renews the session as it starts
         await pool.predict("/chat", "still here", session=s)
-    started = time.monotonic()
+    assert time.monotonic() - kept_from > 2.0
     while True:  # bounded polling: expiry is the store's, not a timer of ours
         try:
             await pool.sessions.get(s, None)
         except SessionNotFound:
             break
-        assert time.monotonic() - started < 10, "the session never expired"
+        assert time.monotonic() - last_call < 30, "the session never expired"
         await asyncio.sleep(0.1)
-    assert time.monotonic() - started >= 0.5
+    assert time.monotonic() - last_call >= 1.9
