@@ -103,11 +103,13 @@ def _banner(url: str, generated_token: str | None, *, demo: bool) -> str:
             f"  curl -sN -X POST {url}/api/predict{api_auth} \\",
             "       -H 'Content-Type: application/json' \\",
             """       -d '{"api_name": "/chat", "args": ["tell me a story"], "stream": true}'""",
-            "A file made by a Space, served back as a URL under the service (pic):",
-            f"  curl -s -X POST {url}/api/predict{api_auth} \\",
+            "A file made by a Space (pic), fetched from the URL its answer names:",
+            f"  curl -s {url}$(curl -s -X POST {url}/api/predict{api_auth} \\",
             "       -H 'Content-Type: application/json' \\",
-            """       -d '{"api_name": "/report", "args": ["hello", 3]}'""",
-            f"  curl -s {url}<the answer's result.file.url>{api_auth}",
+            """       -d '{"api_name": "/report", "args": ["hello", 3]}' \\""",
+            "       | python3 -c 'import json,sys;"
+            """ print(json.load(sys.stdin)["result"]["file"]["url"])')"""
+            f"{api_auth}",
             f"Dashboard: {url}/admin    Endpoints of a Space: {url}/api/spaces/pic/api",
             "",
         ]

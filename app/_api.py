@@ -9,10 +9,12 @@ hashed user) for the one access-log line.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
+import secrets
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import Any, cast
 
 from fastapi import APIRouter, Depends, Header, Request, Response
 from fastapi.responses import JSONResponse, StreamingResponse
@@ -23,7 +25,8 @@ from . import _metrics
 from ._auth import require_admin_token, require_api_token
 from ._errors import JobNotFound
 from ._files import FileOutput, FileStore
-from ._inputs import Call, read_call
+from ._idempotency import MAX_KEY_CHARS, reserve
+from ._inputs import Call, identity_headers, read_call
 from ._jobs import JobRunner
 from ._logging import context_of
 from ._schemas import (
@@ -32,6 +35,7 @@ from ._schemas import (
     JobView,
     PredictRequest,
     PredictResponse,
+    Stage,
     to_jsonable,
 )
 from ._schemas import ErrorBody as _ErrorBody
@@ -44,11 +48,14 @@ KEEPALIVE_S = 15.0
 _ERRORS: dict[int | str, dict[str, Any]] = {
     code: {"model": _ErrorBody, "description": text}
     for code, text in {
+        400: "a body that cannot be parsed (malformed JSON or multipart)",
         401: "missing or wrong bearer token",
+        403: "admin endpoints: POOL_ADMIN_TOKEN unset, or not the admin token",
         404: "unknown job, or unknown/expired session (session_not_found)",
         410: "the session's Space restarted: its state is gone (session_lost)",
         413: "body too large",
         422: "invalid body, unknown api_name or Space, ambiguous endpoint, refused by policy",
+        429: "the caller's GPU quota on a ZeroGPU Space is spent (Retry-After)",
         502: "the Space failed",
         503: "busy (Retry-After), no healthy Space, shutting down",
         504: "deadline exceeded",
@@ -89,9 +96,12 @@ def file_output(request: Request, body: PredictRequest) -> FileOutput:
 async def _read(request: Request) -> Call:
     """The body (JSON or multipart), checked by ``_prepare``, then its files on disk."""
     store: FileStore = request.app.state.files
-    return await read_call(
-        request, _settings(request), store.incoming, lambda body: _prepare(request, body)
+    settings = _settings(request)
+    call = await read_call(
+        request, settings, store.incoming, lambda body: _prepare(request, body)
     )
+    call.headers = identity_headers(request, settings)
+    return call
 
 
 # The body is read by app._inputs (JSON, or multipart with files): described here.
@@ -203,22 +213,54 @@ async def predict(request: Request) -> PredictResponse | Response:
     tags=["jobs"],
     openapi_extra=_BODY_DOC,
 )
-async def create_job(request: Request, response: Response) -> JobCreated:
+async def create_job(
+    request: Request,
+    response: Response,
+    idempotency_key: str | None = Header(
+        default=None,
+        min_length=1,
+        max_length=MAX_KEY_CHARS,
+        description="a retry with the same key (and caller) within the retention time"
+        " returns the first request's job instead of starting another",
+    ),
+) -> JobCreated:
     """Start a predict in the background; follow it with GET or its SSE events.
 
-    The same bodies as ``/api/predict``; uploaded files live until the job ends.
+    The same bodies as ``/api/predict``; uploaded files live until the job ends. With an
+    ``Idempotency-Key`` header, a retried submission gets the first one's job.
     """
     call = await _read(request)
+    job_id = secrets.token_urlsafe(16)
+    stage: Stage = "queued"
     try:
-        record = await _runner(request).submit(
-            call.body, call, file_output(request, call.body)
-        )
+        first = await _idempotent(request, call.body, job_id, idempotency_key)
+        if first != job_id:  # a retry: the job of the first request with this key
+            call.cleanup()
+            response.headers["Idempotent-Replayed"] = "true"
+            known = await _runner(request).store.get(first)
+            job_id = first
+            stage = cast(Stage, known.stage) if known is not None else stage
+        else:
+            await _runner(request).submit(
+                call.body, call, file_output(request, call.body), job_id=job_id
+            )
     except BaseException:
         call.cleanup()
         raise
-    url = f"/api/jobs/{record.job_id}"
+    url = f"/api/jobs/{job_id}"
     response.headers["Location"] = url
-    return JobCreated(job_id=record.job_id, stage="queued", url=url, events_url=f"{url}/events")
+    return JobCreated(job_id=job_id, stage=stage, url=url, events_url=f"{url}/events")
+
+
+async def _idempotent(request: Request, body: PredictRequest, job_id: str, key: str | None) -> str:
+    """The job id this submission stands for (``job_id`` unless its key was seen)."""
+    if key is None:
+        return job_id
+    pool = get_pool()
+    token = hashlib.sha256(request.headers.get("authorization", "").encode()).hexdigest()
+    caller = f"{token}:{pool.hash_user(body.email) or ''}"
+    ttl = _settings(request).job_retention_s
+    return await reserve(pool.coordinator.values, caller, key, job_id, ttl)
 
 
 @api.get("/api/jobs/{job_id}", response_model=JobView, responses=_ERRORS, tags=["jobs"])

@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -33,6 +34,7 @@ from pool import (
     NoHealthySpaceError,
     PoolClosedError,
     PoolError,
+    QuotaExceeded,
     RefusedByPolicy,
     SessionLost,
     SessionNotFound,
@@ -107,6 +109,15 @@ def _retry_after(seconds: float) -> int:
 
 def describe(exc: BaseException) -> Problem:
     """The answer for ``exc``; anything unknown is a bare 500 ``internal``."""
+    if isinstance(exc, QuotaExceeded):  # the caller's own GPU quota (a ZeroGPU Space)
+        retry = _retry_after(exc.retry_after_s)
+        body = {
+            "error": "quota_exceeded",
+            "reason": exc.reason,
+            "retry_after_s": retry,
+            "message": str(exc),
+        }
+        return Problem(429, body, "quota_exceeded", {"Retry-After": str(retry)})
     if isinstance(exc, BusyError):
         retry = _retry_after(exc.retry_after_s)
         body = {
@@ -164,7 +175,9 @@ def describe(exc: BaseException) -> Problem:
         return Problem(422, {"error": "invalid_request", "message": str(exc)}, "invalid_request")
     if isinstance(exc, UpstreamError):
         body = {"error": "upstream", "kind": exc.kind, "message": str(exc)}
-        return Problem(502, body, f"upstream_{exc.kind}")
+        wait = getattr(exc, "retry_after_s", None)  # a 429's Retry-After, passed on
+        headers = {"Retry-After": str(_retry_after(wait))} if wait else {}
+        return Problem(502, body, f"upstream_{exc.kind}", headers)
     if isinstance(exc, AuthError):
         body = {"error": exc.code, "message": str(exc)}
         return Problem(exc.status, body, exc.code, {"WWW-Authenticate": "Bearer"})
@@ -205,6 +218,19 @@ def internal_error(request_id: str) -> tuple[int, bytes]:
     return 500, json.dumps(body).encode()
 
 
+def _allowed(request: Request) -> str:
+    """The methods the OpenAPI document gives this path (Starlette's 405 names only the
+    first route's: ``GET`` for ``/api/jobs/{id}``, which ``DELETE`` answers too)."""
+    methods: set[str] = set()
+    for template, operations in request.app.openapi().get("paths", {}).items():
+        pattern = re.sub(r"\\{[^/]+?\\}", "[^/]+", re.escape(template))
+        if re.fullmatch(pattern, request.url.path):
+            methods |= {method.upper() for method in operations}
+    if "GET" in methods:
+        methods.add("HEAD")
+    return ", ".join(sorted(methods))
+
+
 def install(app: FastAPI) -> None:
     """Register the handlers: one function for every exception class we answer."""
 
@@ -218,7 +244,10 @@ def install(app: FastAPI) -> None:
                 extra={"request_id": ctx.request_id},
             )  # fmt: skip
         body = {**problem.body, "request_id": ctx.request_id}
-        return JSONResponse(body, status_code=problem.status, headers=problem.headers)
+        headers = problem.headers
+        if problem.status == 405:
+            headers = {**headers, "Allow": _allowed(request)}
+        return JSONResponse(body, status_code=problem.status, headers=headers)
 
     for exc_class in (
         PoolError,

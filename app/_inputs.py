@@ -71,6 +71,9 @@ class Call:
     kwargs: dict[str, Any]
     folder: Path | None = None
     bytes_in: int = 0
+    # Sent with this call's upstream requests only (the caller's ZeroGPU identity when
+    # POOL_FORWARD_IP_TOKEN is on); kept in memory for the call, never stored or shown.
+    headers: dict[str, str] = field(default_factory=dict, repr=False)
     _done: bool = field(default=False, repr=False)
 
     async def predict(
@@ -98,9 +101,11 @@ class Call:
             queue_timeout_s=queue_timeout_s,
             safe_to_retry=body.safe_to_retry,
             ticket=ticket,
+            priority=body.priority,
             on_admitted=on_admitted,
             on_partial=on_partial,
             download_to=download_to,
+            headers=self.headers or None,
             on_event=on_event,
             session=body.session,
         )
@@ -110,6 +115,18 @@ class Call:
         if self.folder is not None and not self._done:
             self._done = True
             shutil.rmtree(self.folder, ignore_errors=True)
+
+
+IP_TOKEN_HEADER = "x-ip-token"
+
+
+def identity_headers(request: Request, settings: ServiceSettings) -> dict[str, str]:
+    """The caller's headers to forward upstream: its ZeroGPU ``X-IP-Token`` (the Hub
+    injects it into a calling Space's requests) when ``POOL_FORWARD_IP_TOKEN`` is on."""
+    token = request.headers.get(IP_TOKEN_HEADER)
+    if not settings.forward_ip_token or not token:
+        return {}
+    return {IP_TOKEN_HEADER: token}
 
 
 def _media_type(request: Request) -> tuple[str, str]:

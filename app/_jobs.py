@@ -33,11 +33,12 @@ With the in-process store a job is visible only in the worker that created it.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import secrets
 import time
 from collections import OrderedDict, deque
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, fields, replace
 from datetime import UTC, datetime
 from typing import Any, Protocol
@@ -54,6 +55,8 @@ from ._upstream import UpstreamView
 _log = logging.getLogger("spacepool.app")
 _HISTORY = 32
 _QUEUE_POLL_S = 0.2
+_REMOTE_CANCEL_S = 0.8  # a DELETE waits this long for another worker to cancel its job
+_CANCELLED = {"error": "cancelled", "message": "cancelled"}
 
 
 def _iso(ts: float) -> str:
@@ -82,6 +85,8 @@ class JobRecord:
     upstream_eta_s: float | None = None
     progress: list[dict[str, Any]] | None = None
     log: dict[str, Any] | None = None
+    requeued: int | None = None  # times another worker took the job over (app/_reclaim.py)
+    owner: str | None = None  # the worker running it (shared stores); never shown
 
     @property
     def final(self) -> bool:
@@ -101,7 +106,7 @@ class JobRecord:
             if self.estimate_s is not None:
                 out["estimate_s"] = self.estimate_s
         for key in ("space", "queued_ms", "duration_ms", "error", "upstream_rank",
-                    "upstream_eta_s", "progress", "log"):  # fmt: skip
+                    "upstream_eta_s", "progress", "log", "requeued"):  # fmt: skip
             value = getattr(self, key)
             if value is not None:
                 out[key] = value
@@ -147,6 +152,11 @@ class JobStore(Protocol):
     async def request_cancel(self, job_id: str) -> bool:
         """Ask whichever worker runs ``job_id`` to cancel it; False when no other worker
         can be reached this way (a store of one process)."""
+        ...
+
+    async def settle(self, job_id: str, **changes: Any) -> JobRecord | None:
+        """Apply ``changes`` to a job whichever worker owns it (the fleet overrules an
+        owner that does not answer); the record afterwards."""
         ...
 
     async def cancel_requests(self) -> list[str]:
@@ -203,6 +213,10 @@ class MemoryJobStore:
         entry = self._entries.pop(job_id, None)
         if entry is not None:
             entry.changed.set()  # wake watchers: they will find the job gone
+
+    def forget(self, job_id: str) -> None:
+        """Drop a job another worker took over: reads go to the shared store from now on."""
+        self._drop(job_id)
 
     def _live(self, job_id: str) -> _Entry | None:
         self._prune()
@@ -282,6 +296,9 @@ class MemoryJobStore:
     async def request_cancel(self, job_id: str) -> bool:
         return False  # one process: a job not running here runs nowhere
 
+    async def settle(self, job_id: str, **changes: Any) -> JobRecord | None:
+        return self._update(job_id, None, changes)
+
     async def cancel_requests(self) -> list[str]:
         return []
 
@@ -289,14 +306,23 @@ class MemoryJobStore:
 class JobRunner:
     """Starts, follows and cancels this worker's jobs."""
 
-    def __init__(self, store: JobStore, settings: ServiceSettings) -> None:
+    def __init__(
+        self, store: JobStore, settings: ServiceSettings, owner: str | None = None
+    ) -> None:
         self.store = store
         self.settings = settings
+        self.owner = owner  # this worker's id in a shared store's job mirrors
+        self.on_start: Callable[[JobRecord, PredictRequest, Call], Awaitable[None]] | None = None
+        self.on_end: Callable[[str], Awaitable[None]] | None = None
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._closing = False
 
     async def submit(
-        self, body: PredictRequest, call: Call | None = None, files: FileOutput | None = None
+        self,
+        body: PredictRequest,
+        call: Call | None = None,
+        files: FileOutput | None = None,
+        job_id: str | None = None,
     ) -> JobRecord:
         """Record the job as queued and start its task; returns at once.
 
@@ -304,15 +330,39 @@ class JobRunner:
         job ends); ``files``: where output files go and how they are rendered.
         """
         now = time.time()
-        record = JobRecord(secrets.token_urlsafe(16), "queued", created_at=now, updated_at=now)
+        record = JobRecord(
+            job_id or secrets.token_urlsafe(16),
+            "queued",
+            created_at=now,
+            updated_at=now,
+            owner=self.owner,
+        )
         await self.store.add(record)
         call = call or Call(body, body.args, body.kwargs)
-        task = asyncio.get_running_loop().create_task(
-            self._run(record.job_id, body, call, files), name=f"job-{record.job_id[:8]}"
-        )
-        self._tasks[record.job_id] = task
-        task.add_done_callback(lambda _: self._tasks.pop(record.job_id, None))
+        if self.on_start is not None:
+            await self.on_start(record, body, call)
+        self.start(record.job_id, body, call, files)
         return record
+
+    def start(
+        self, job_id: str, body: PredictRequest, call: Call, files: FileOutput | None
+    ) -> None:
+        """Run the job ``job_id`` (already in the store) as a task of this worker."""
+        task = asyncio.get_running_loop().create_task(
+            self._run(job_id, body, call, files), name=f"job-{job_id[:8]}"
+        )
+        self._tasks[job_id] = task
+        task.add_done_callback(lambda _: self._tasks.pop(job_id, None))
+
+    def running(self) -> list[str]:
+        """The jobs whose task runs on this worker."""
+        return list(self._tasks)
+
+    def lost(self, job_id: str) -> None:
+        """Another worker took the job over: stop it here without a word."""
+        task = self._tasks.get(job_id)
+        if task is not None:
+            task.cancel()
 
     async def cancel(self, job_id: str) -> JobRecord | None:
         """Cancel the job (upstream too) and wait until its slot is given back.
@@ -325,16 +375,17 @@ class JobRunner:
             task.cancel()
             await asyncio.wait({task}, timeout=10.0)
         elif await self.store.request_cancel(job_id):
-            deadline = time.monotonic() + 10.0
+            # Its owner usually answers within a poll or two; one that does not (dead,
+            # frozen) is overruled: the job is settled here and the owner, if it wakes,
+            # finds it taken (app/_shared_jobs.py) and stops.
+            deadline = time.monotonic() + _REMOTE_CANCEL_S
             while time.monotonic() < deadline:
                 record = await self.store.get(job_id)
                 if record is None or record.final:
                     return record
-                await asyncio.sleep(_QUEUE_POLL_S)
-            return await self.store.get(job_id)
-        await self.store.update(
-            job_id, stage="cancelled", error={"error": "cancelled", "message": "cancelled"}
-        )
+                await asyncio.sleep(_QUEUE_POLL_S / 2)
+            return await self.store.settle(job_id, stage="cancelled", error=_CANCELLED)
+        await self.store.update(job_id, stage="cancelled", error=_CANCELLED)
         return await self.store.get(job_id)
 
     async def watch_cancellations(self) -> None:
@@ -364,6 +415,9 @@ class JobRunner:
             await self._run_call(job_id, body, call, files)
         finally:
             call.cleanup()
+            if self.on_end is not None:
+                with contextlib.suppress(Exception):
+                    await asyncio.shield(self.on_end(job_id))
 
     async def _run_call(
         self, job_id: str, body: PredictRequest, call: Call, files: FileOutput | None
@@ -378,7 +432,7 @@ class JobRunner:
 
             async def admitted(space: str) -> None:
                 follower.cancel()
-                await self.store.update(
+                record = await self.store.update(
                     job_id,
                     stage="running",
                     space=space,
@@ -386,6 +440,8 @@ class JobRunner:
                     estimate_s=None,
                     queued_ms=round((time.monotonic() - started) * 1000, 1),
                 )
+                if record is not None and record.owner != self.owner:
+                    raise asyncio.CancelledError  # taken over: never send it (app/_reclaim)
 
             async def partial(p: Partial) -> None:
                 await self.store.update(

@@ -263,6 +263,14 @@ class _PoolCollector(Collector):
         }
         for name, (doc, value) in scalars.items():
             yield GaugeMetricFamily(name, doc, value=float(value or 0))
+        by_class = GaugeMetricFamily(
+            "spacepool_queued_requests_by_class",
+            "Requests waiting for admission, per priority class",
+            labels=["class"],
+        )
+        for option, count in sorted((stats.get("totalQueuedByClass") or {}).items()):
+            by_class.add_metric([_label(option)], float(count or 0))
+        yield by_class
         family = GaugeMetricFamily("spacepool_jobs", "Jobs kept by this worker", labels=["stage"])
         for stage, count in sorted(jobs.items()):
             family.add_metric([_label(stage)], float(count))

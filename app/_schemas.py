@@ -106,6 +106,11 @@ class PredictRequest(BaseModel):
         allow_inf_nan=False,
         description="deadline in seconds for the whole request (wait + run)",
     )
+    priority: Literal["interactive", "batch"] = Field(
+        default="interactive",
+        description="scheduling class: interactive waiters go first; a batch one ranks as"
+        " interactive after POOL_BATCH_MAX_WAIT_S and waits up to POOL_BATCH_QUEUE_TIMEOUT_S",
+    )
     safe_to_retry: bool = Field(
         default=False,
         description="the call is idempotent: retry it even after the Space accepted it"
@@ -189,6 +194,10 @@ class JobView(BaseModel):
     )
     partial_index: int | None = Field(
         default=None, description="index (0, 1, ...) of the latest partial output"
+    )
+    requeued: int | None = Field(
+        default=None,
+        description="times the job was run again on another worker after its own was lost",
     )
 
 

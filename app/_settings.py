@@ -60,8 +60,21 @@ class ServiceSettings(BaseSettings):
     file_max_total_bytes: int = Field(
         default=1024**3, ge=1, description="disk used by output files; oldest evicted first"
     )
+    forward_ip_token: bool = Field(
+        default=False,
+        description="send the caller's X-IP-Token header (ZeroGPU identity) on that call's "
+        "upstream requests; off: never forwarded",
+    )
     file_inline_max_bytes: int = Field(
         default=256 * 1024, ge=0, description='largest file sent inline ("files": "inline")'
+    )
+    gradio_queue_wait_s: float = Field(
+        default=2.5, ge=0, description="Gradio front: longest wait for admission of an event"
+        " before the busy answer (gradio_client's join gives up after 5 s)"
+    )
+    gradio_session_idle_s: float = Field(
+        default=1800.0, gt=0, description="Gradio front: a session with no request, stream"
+        " or heartbeat this long ends"
     )
 
     @field_validator("admin_token", "api_token", mode="before")

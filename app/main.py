@@ -15,6 +15,8 @@ Behind this module, one concept each:
 * :mod:`app._errors` — every error mapped to a status code, in one place;
 * :mod:`app._auth` — bearer tokens; :mod:`app._schemas` — bodies and limits;
 * :mod:`app._jobs` — background jobs behind a small store interface;
+  :mod:`app._shared_jobs` and :mod:`app._reclaim` — jobs every worker reads, and
+  reclaims from a lost worker;
 * :mod:`app._inputs` — request bodies, JSON or multipart, and file arguments;
 * :mod:`app._files` — output files: the download folder, ``/api/files/{token}``;
 * :mod:`app._spaces` — discovery: ``/api/spaces``, ``/api/spaces/{name}/api``;
@@ -22,6 +24,7 @@ Behind this module, one concept each:
 * :mod:`app._streaming` — ``POST /api/predict`` answered as Server-Sent Events;
 * :mod:`app._metrics` — Prometheus; :mod:`app._logging` — JSON access log;
 * :mod:`app._limits` — request body size cap; :mod:`app._settings` — the knobs;
+* :mod:`app._gradio` — ``/gradio/{alias}/`` and ``/gradio/``: the Gradio API itself;
 * :mod:`app._dashboard` — ``GET /admin``, the page; :mod:`app._history` — the rolling
   activity (requests per minute, error classes, queue history) it and pool-stats show.
 """
@@ -36,18 +39,22 @@ from importlib import metadata
 
 from fastapi import FastAPI
 
-from pool import get_pool
+from pool import Pool, get_pool
 
 from . import _errors
 from ._api import router
 from ._dashboard import router as dashboard_router
-from ._files import FileStore, run_sweeper
+from ._files import FileOutput, FileStore, run_sweeper
 from ._files import router as files_router
+from ._gradio import FrontSessions, uploads_dir
+from ._gradio import router as gradio_router
 from ._history import Activity, run_sampler
-from ._jobs import JobRunner, JobStore, MemoryJobStore
+from ._jobs import JobRunner, MemoryJobStore
 from ._limits import BodySizeLimit
 from ._logging import AccessLog, configure_logging
 from ._metrics import on_pool_event
+from ._reclaim import Reclaimer
+from ._schemas import PredictRequest
 from ._sessions import router as sessions_router
 from ._settings import ServiceSettings
 from ._shared_jobs import SharedJobStore
@@ -80,20 +87,19 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
         max_jobs=settings.job_max,
         history=pool.settings.stream_keep,
     )
-    store: JobStore = local
-    if pool.coordinator.store != "memory":
-        # Workers share a coordinator: make every job readable (and cancellable) from all.
-        store = SharedJobStore(local, lambda: pool.coordinator.values, settings.job_retention_s)
-    runner = JobRunner(store, settings)
-    watcher = asyncio.get_running_loop().create_task(runner.watch_cancellations())
-    app.state.jobs = runner
     files = FileStore(
         settings.file_dir,
         ttl_s=settings.file_ttl_s,
         max_total_bytes=settings.file_max_total_bytes,
     )
     app.state.files = files
+    runner, reclaim = _job_runner(local, pool, settings, files)
+    watcher = asyncio.get_running_loop().create_task(runner.watch_cancellations())
+    app.state.jobs = runner
     sweeper = asyncio.get_running_loop().create_task(run_sweeper(files))
+    front = app.state.gradio_sessions = FrontSessions(
+        settings.gradio_session_idle_s, uploads_dir(settings), settings.file_ttl_s
+    )
     _log.info(
         "serving %d Space(s): %s; admission store %s",
         len(pool.spaces),
@@ -103,11 +109,13 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
     try:
         yield
     finally:
+        reclaim.cancel()
+        await front.aclose()  # Gradio sessions: their events' slots freed
         watcher.cancel()
         sweeper.cancel()
         await files.aclose()
         sampler.cancel()
-        for task in (watcher, sampler):  # ended before the pool closes under them
+        for task in (reclaim, watcher, sampler):  # ended before the pool closes under them
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
         await runner.aclose()
@@ -115,6 +123,29 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
             with contextlib.suppress(ValueError):
                 pool.hooks.remove(hook)
         await pool.aclose()
+
+
+async def _idle() -> None:
+    await asyncio.Event().wait()
+
+
+def _job_runner(
+    local: MemoryJobStore, pool: Pool, settings: ServiceSettings, files: FileStore
+) -> tuple[JobRunner, asyncio.Task[None]]:
+    """The job runner; with a shared coordinator, jobs every worker reads, cancels and
+    reclaims from a lost worker (app._reclaim), and the task that heartbeats for it."""
+    if pool.coordinator.store == "memory":
+        return JobRunner(local, settings), asyncio.get_running_loop().create_task(_idle())
+    store = SharedJobStore(local, lambda: pool.coordinator.values, settings.job_retention_s)
+    runner = JobRunner(store, settings, owner=store.worker)
+
+    def files_for(body: PredictRequest) -> FileOutput:
+        return FileOutput(files, body.files, settings.file_inline_max_bytes)
+
+    reclaimer = Reclaimer(
+        runner, store, lambda: pool.coordinator.values, pool.settings.lease_ttl_s, files_for
+    )
+    return runner, asyncio.get_running_loop().create_task(reclaimer.run())
 
 
 def _version() -> str:
@@ -146,6 +177,7 @@ def create_app(settings: ServiceSettings | None = None) -> FastAPI:
     app.include_router(spaces_router)
     app.include_router(sessions_router)
     app.include_router(dashboard_router)
+    app.include_router(gradio_router)
     return app
 
 

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import importlib
+import math
 import threading
 import time
 from collections.abc import Awaitable, Callable, MutableMapping
@@ -65,7 +66,12 @@ class _Meter:
     peak: int = 0
     total: int = 0
     config_requests: int = 0
-    refused: int = 0  # queue joins answered 503 in queue_full mode
+    refused: int = 0  # queue joins answered 503 in queue_full mode (or a full queue)
+    config_429_s: float = 0.0  # /config answers 429 (Retry-After) until config_429_until
+    config_429_until: float = 0.0
+    rate_limited: int = 0  # /config requests answered 429
+    token: str | None = None  # required as x-hf-authorization (a private Space)
+    unauthorized: int = 0  # requests answered 401 for a missing or wrong token
 
     def __post_init__(self) -> None:
         self.lock = threading.Lock()
@@ -103,6 +109,8 @@ class _Meter:
                 "total": self.total,
                 "config_requests": self.config_requests,
                 "refused": self.refused,
+                "rate_limited": self.rate_limited,
+                "unauthorized": self.unauthorized,
                 "app_id": self.app_id,
                 "mode": self.mode,
             }
@@ -114,6 +122,8 @@ class _Meter:
             self.total = 0
             self.config_requests = 0
             self.refused = 0
+            self.rate_limited = 0
+            self.unauthorized = 0
             self.intervals.clear()
 
 
@@ -122,6 +132,10 @@ class _Control(BaseModel):
 
     config_delay_s: float | None = Field(default=None, ge=0.0)
     mode: Mode | None = None
+    # /config answers 429 with Retry-After for this many seconds from now (0: stop)
+    config_429_s: float | None = Field(default=None, ge=0.0)
+    # every request must carry x-hf-authorization: Bearer <token> ("": open again)
+    require_token: str | None = None
 
 
 class _Misbehave:
@@ -135,6 +149,10 @@ class _Misbehave:
         if scope["type"] == "http":
             path: str = scope["path"]
             method: str = scope["method"]
+            refusal = self._hub_refusal(scope)
+            if refusal is not None:
+                await refusal(scope, receive, send)
+                return
             if method == "GET" and path in CONFIG_PATHS:
                 delay = self.meter.saw_config()
                 if delay > 0:
@@ -154,7 +172,45 @@ class _Misbehave:
                     response = JSONResponse({"detail": "Queue is full."}, status_code=503)
                     await response(scope, receive, send)
                     return
+                await self.app(scope, receive, self._count_refusals(send))
+                return
         await self.app(scope, receive, send)
+
+    def _count_refusals(self, send: Send) -> Send:
+        """``send`` that counts Gradio's own 503s of a queue join (``max_size`` full)."""
+        meter = self.meter
+
+        async def counting(message: Message) -> None:
+            if message["type"] == "http.response.start" and message["status"] == 503:
+                with meter.lock:
+                    meter.refused += 1
+            await send(message)
+
+        return counting
+
+    def _hub_refusal(self, scope: Scope) -> JSONResponse | None:
+        """What the Hub answers in front of a private or rate-limited Space: 401 without
+        the token (``x-hf-authorization``, as gradio_client sends it), 429 with
+        ``Retry-After`` on ``/config`` while rate limited."""
+        path: str = scope["path"]
+        if path.startswith("/_stand_in/"):
+            return None
+        meter = self.meter
+        with meter.lock:
+            if meter.token is not None:
+                sent = dict(scope.get("headers", ())).get(b"x-hf-authorization", b"")
+                if sent.decode(errors="replace") != f"Bearer {meter.token}":
+                    meter.unauthorized += 1
+                    return JSONResponse({"detail": "Unauthorized"}, status_code=401)
+            if path in CONFIG_PATHS and time.time() < meter.config_429_until:
+                meter.rate_limited += 1
+                meter.config_requests += 1
+                wait = max(1, math.ceil(meter.config_429_until - time.time()))
+                return JSONResponse(
+                    {"detail": "Too Many Requests"}, status_code=429,
+                    headers={"Retry-After": str(wait)},
+                )  # fmt: skip
+        return None
 
 
 # Kinds of stand-in Space: kind -> "module:function", the function building the Blocks
@@ -167,6 +223,7 @@ KINDS: dict[str, str] = {
     "chat": "devspaces._streaming:chat_blocks",
     "headers": "devspaces._headers:headers_blocks",
     "shapes": "devspaces._shapes:shapes_blocks",
+    "zerogpu": "devspaces._zerogpu:zerogpu_blocks",
     "upper": "devspaces._demos:upper_blocks",
     "state": "devspaces._demos:state_blocks",
     "filename": "devspaces._demos:filename_blocks",
@@ -269,6 +326,11 @@ def build_space(
                 meter.config_delay_s = body.config_delay_s
             if body.mode is not None:
                 meter.mode = body.mode
+            if body.config_429_s is not None:
+                meter.config_429_s = body.config_429_s
+                meter.config_429_until = time.time() + body.config_429_s
+            if body.require_token is not None:
+                meter.token = body.require_token or None
         return meter.snapshot()
 
     app.add_middleware(_Misbehave, meter=meter)

@@ -69,6 +69,8 @@ class SpaceStats:
     app_id: int
     mode: Mode
     refused: int = 0
+    rate_limited: int = 0
+    unauthorized: int = 0
 
 
 def free_port() -> int:
@@ -301,10 +303,23 @@ class SpaceProcess:
         return self._stand_in("POST", "reset")
 
     def control(
-        self, *, config_delay_s: float | None = None, mode: Mode | None = None
+        self,
+        *,
+        config_delay_s: float | None = None,
+        mode: Mode | None = None,
+        config_429_s: float | None = None,
+        require_token: str | None = None,
     ) -> SpaceStats:
-        """Change how the running Space behaves; ``None`` leaves a setting as it is."""
+        """Change how the running Space behaves; ``None`` leaves a setting as it is.
+
+        ``config_429_s``: ``/config`` answers 429 with ``Retry-After`` for that long from
+        now (a Hub rate limit); ``require_token``: every request needs
+        ``x-hf-authorization: Bearer <token>`` or gets 401 (a private Space; "" opens it)."""
         body: dict[str, Any] = {}
+        if config_429_s is not None:
+            body["config_429_s"] = config_429_s
+        if require_token is not None:
+            body["require_token"] = require_token
         if config_delay_s is not None:
             body["config_delay_s"] = config_delay_s
         if mode is not None:

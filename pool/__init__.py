@@ -52,6 +52,7 @@ from ._exceptions import (
     NoHealthySpaceError,
     PoolClosedError,
     PoolError,
+    QuotaExceeded,
     RefusedByPolicy,
     SessionLost,
     SessionNotFound,
@@ -109,8 +110,13 @@ async def get_client(
     space: str | None = None,
     queue_timeout_s: float | None = None,
     ticket: WaitTicket | None = None,
+    priority: str | None = None,
 ) -> AsyncIterator[PooledClient]:
-    """Lease a connection for ``email`` (None: anonymous), optionally on ``space``."""
+    """Lease a connection for ``email`` (None: anonymous), optionally on ``space``;
+    ``priority``: ``"interactive"`` (default) or ``"batch"`` (docs/scheduling.md)."""
+    if priority is not None:
+        ticket = ticket or WaitTicket()
+        ticket.priority = priority
     async with get_pool().client(
         email, space=space, queue_timeout_s=queue_timeout_s, ticket=ticket
     ) as client:
@@ -139,6 +145,7 @@ __all__ = [
     "PooledJob",
     "Prediction",
     "ProgressUnit",
+    "QuotaExceeded",
     "RefusedByPolicy",
     "SessionLost",
     "SessionNotFound",

@@ -21,6 +21,7 @@ from ._exceptions import (
     UpstreamTransportError,
 )
 from ._failures import failure
+from ._quota import quota_error
 from .transport import CallCancelled, ProtocolNotSupported, SessionDropped
 
 
@@ -46,6 +47,9 @@ def classify(exc: BaseException) -> Classified:
     if isinstance(exc, PoolError):
         return Classified(exc, False)
     if isinstance(exc, AppError):
+        quota = quota_error(str(exc))
+        if quota is not None:  # a ZeroGPU Space: the caller's quota, not a bug
+            return Classified(quota, False)
         # The app raised: its own message is meant for the caller (gr.Error).
         return Classified(UpstreamAppError(str(exc) or "the Space's app raised"), False)
     if isinstance(exc, ValidationError):
@@ -55,9 +59,10 @@ def classify(exc: BaseException) -> Classified:
             "queue_full", "the Space's queue is full", discard=False, before_accept=True
         )
     if isinstance(exc, TooManyRequestsError):
-        return _transport(
-            "rate_limited", "the Space is rate limiting (429)", discard=False, before_accept=True
-        )
+        wait = getattr(exc, "retry_after_s", None)  # RateLimited: the Hub's Retry-After
+        error = UpstreamTransportError("the Space is rate limiting (429)", kind="rate_limited",
+                                       before_accept=True, retry_after_s=wait)  # fmt: skip
+        return Classified(error, False)
     if isinstance(exc, AuthenticationError):
         return Classified(UpstreamError("the Space refused our credentials (401)"), True)
     if isinstance(exc, httpx.ConnectError):

@@ -8,9 +8,12 @@ gradio_client, httpx and huggingface_hub are mapped to it at the boundary
     ├── BusyError                 no admission within the queue deadline (or the
     │   │                         coordinator is unreachable): carries queue_position
     │   │                         and retry_after_s; the caller should come back later
-    │   └── LeaseLost             the admission lease of a running request ended (not
-    │                             renewed before its local expiry, or gone from the
-    │                             store): the upstream job was cancelled (self-fencing)
+    │   ├── LeaseLost             the admission lease of a running request ended (not
+    │   │                         renewed before its local expiry, or gone from the
+    │   │                         store): the upstream job was cancelled (self-fencing)
+    │   └── QuotaExceeded         a ZeroGPU Space says the caller's GPU quota is spent
+    │                             (or no GPU is free for them): the user's, not the
+    │                             Space's; retry_after_s from the Space's message
     ├── NoHealthySpaceError       every candidate Space failed, is unhealthy, has its
     │                             breaker open, or did not wake up in time
     ├── DeadlineExceeded          the per-request deadline passed; the upstream job
@@ -85,6 +88,21 @@ class LeaseLost(BusyError):
             message, queue_position=0, retry_after_s=retry_after_s, reason="lease_lost"
         )
         self.why = why
+
+
+class QuotaExceeded(BusyError):
+    """A ZeroGPU Space refused the call for the caller's identity: its GPU quota is
+    spent (``reason`` ``gpu_quota``) or no GPU was free for it (``no_gpu``).
+
+    The quota belongs to the user (``x-ip-token``), not the Space: the call is not
+    retried nor sent elsewhere, and the Space's window and breaker do not move.
+    ``retry_after_s`` is the wait the Space named (pool/_quota.py).
+    """
+
+    kind = "quota_exceeded"
+
+    def __init__(self, message: str, *, retry_after_s: float, reason: str = "gpu_quota") -> None:
+        super().__init__(message, queue_position=0, retry_after_s=retry_after_s, reason=reason)
 
 
 class NoHealthySpaceError(PoolError):
@@ -191,11 +209,18 @@ class UpstreamTransportError(UpstreamError):
     """
 
     def __init__(
-        self, message: str, *, kind: str = "transport", before_accept: bool = False
+        self,
+        message: str,
+        *,
+        kind: str = "transport",
+        before_accept: bool = False,
+        retry_after_s: float | None = None,
     ) -> None:
         super().__init__(message)
         self.kind = kind
         self.before_accept = before_accept
+        # The wait the Space (or the Hub, 429 Retry-After) asked for: routed around so long.
+        self.retry_after_s = retry_after_s
 
 
 class UpstreamFileError(UpstreamError):

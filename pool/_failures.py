@@ -58,6 +58,9 @@ FAILURES: dict[str, Failure] = {
     "wake_timeout": Failure(down=True),
     "paused": Failure(down=True),
     "space_error": Failure(down=True),
+    # a ZeroGPU Space refused the caller's identity (its GPU quota): the user's limit,
+    # not the Space's; neutral, never retried nor failed over (pool/_quota.py)
+    "quota_exceeded": Failure(),
 }
 _NEUTRAL = Failure()  # the caller's own error, a policy refusal, the app raising, ...
 

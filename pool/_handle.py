@@ -44,6 +44,7 @@ from ._exceptions import (
     LeaseLost,
     MisuseError,
     PoolClosedError,
+    PoolError,
     UnknownEndpoint,
 )
 from ._guard import check_outbound
@@ -180,8 +181,18 @@ class PooledJob:
             classified = classify(exc)
             self._handle._failed(classified)
             raise classified.error from exc
-        self._handle.outcome = "success"
+        # Served; but after waiting behind another call in the Space's own queue (rank
+        # >= 1: someone was ahead of it), which says our calls exceed its concurrency.
+        rank = getattr(self._job, "queue_rank", None)
+        self._handle.outcome = "congested" if rank is not None and rank >= 1 else "success"
         return result
+
+    @property
+    def upstream_queue(self) -> tuple[int, int | None] | None:
+        """(rank, queue size) the Space's queue gave this job before it started (the
+        native transport; None before its ``estimation`` or on the fallback)."""
+        rank = getattr(self._job, "queue_rank", None)
+        return None if rank is None else (rank, getattr(self._job, "queue_size", None))
 
     async def _deadline_passed(self, timeout: float | None, started: float) -> DeadlineExceeded:
         """Cancel the job upstream and return the error to raise."""
@@ -400,11 +411,29 @@ class PooledClient:
             self._conn.cancels = [c for c in self._conn.cancels if not c.done()] + [cancel]
         return cancel
 
+    def report(self, exc: BaseException) -> PoolError:
+        """Feed the failure of work run on this lease outside :meth:`submit` (a relay
+        on the connection's transport) to the pool as a job's own failure would be
+        (connection, window, breaker, failover); returns the typed error."""
+        classified = classify(exc)
+        self._failed(classified)
+        return classified.error
+
     def _failed(self, classified: Classified) -> None:
         if classified.discard_connection:
             self.broken = True
-        self.outcome = "failure" if classified.provider_failure else "neutral"
+        if classified.error.kind == "queue_full":
+            self.outcome = "refused"  # the Space's queue is full: hold the window's growth
+        else:
+            self.outcome = "failure" if classified.provider_failure else "neutral"
         self.failed_over = self._on_failure(classified) or self.failed_over
+
+    def upstream_queue(self) -> tuple[int, int | None] | None:
+        """The Space's queue as the last job that saw it reported it (rank, size)."""
+        for job in reversed(self._jobs):
+            if job.upstream_queue is not None:
+                return job.upstream_queue
+        return None
 
     def _cancel_jobs(self, *, closing: bool = False) -> None:
         """Cancel upstream every job of this handle that still runs (in the background);

@@ -67,6 +67,7 @@ from ._handle import Partial, PooledClient
 from ._native import NativeFactory
 from ._request import Prediction, RequestPath
 from ._routing import Router, user_key
+from ._scheduling import classed_ticket, queue_timeout_for
 from ._sessions import PoolSession, Sessions
 from ._settings import PoolSettings
 from ._space_pool import SpacePool
@@ -363,9 +364,8 @@ class Pool:
             raise UnknownSpace(space, list(self.spaces))
         user = self.hash_user(email)
         now = self.clock.now()
-        queue_by = now + (
-            self.settings.queue_timeout_s if queue_timeout_s is None else queue_timeout_s
-        )
+        ticket = classed_ticket(self.settings, ticket, None)
+        queue_by = now + queue_timeout_for(self.settings, ticket, queue_timeout_s)
         by = None if wake_limit_s is None else now + wake_limit_s
         lease, sp, conn = await self._admit_and_checkout(
             user, space, queue_by, by, ticket, avoid, api_name
@@ -421,6 +421,8 @@ class Pool:
     ) -> None:
         """Every step of a release, in one task (so no second cancel skips one)."""
         self._handles.discard(handle)
+        if (seen := handle.upstream_queue()) is not None:
+            sp.saw_queue(*seen, self.clock.wall())
         sp.checkin(conn, discard=handle._detach())
         if lease.lost is None:
             await self.coordinator.release(lease)  # a store outage: the store retries it
@@ -466,6 +468,7 @@ class Pool:
         headers: Mapping[str, str] | None = None,
         on_event: Callable[[UpstreamEvent], Awaitable[None]] | None = None,
         session: str | PoolSession | None = None,
+        priority: str | None = None,
     ) -> Prediction:
         """One predict with retries, failover, one deadline, partials, events and files
         (:meth:`pool._request.RequestPath.predict` says what each argument does)."""
@@ -473,7 +476,7 @@ class Pool:
             api_name, *args, email=email, space=space, kwargs=kwargs, timeout=timeout,
             queue_timeout_s=queue_timeout_s, safe_to_retry=safe_to_retry, ticket=ticket,
             on_admitted=on_admitted, download_to=download_to, on_partial=on_partial,
-            headers=headers, on_event=on_event, session=session,
+            headers=headers, on_event=on_event, session=session, priority=priority,
         )  # fmt: skip
 
     async def open_session(self, email: str | None, space: str | None = None) -> PoolSession:
@@ -592,10 +595,12 @@ class Pool:
         if row.provider:
             emit(self.hooks, PoolEvent("provider_error", sp.name, error.kind))
         waking = self.board.get(sp.name).waking(self.clock.wall())
-        if placed and (not row.down or waking):
+        # A 429's Retry-After is honoured (a user's QuotaExceeded says nothing of the Space)
+        asked = error.retry_after_s if isinstance(error, UpstreamTransportError) else None
+        if placed and (not (row.down or asked) or waking):
             return False
         if not waking:
-            sp.mark_down(error.kind, _SPACE_COOLDOWN_S)
+            sp.mark_down(error.kind, asked or _SPACE_COOLDOWN_S)
         emit(self.hooks, PoolEvent("failover", sp.name, error.kind))
         _log.warning("space %s failed (%s); failing over", sp.name, error.kind)
         return True

@@ -25,6 +25,7 @@ from ._clock import Clock
 from ._events import Hook, PoolEvent, emit
 from ._exceptions import DeadlineExceeded, UpstreamTransportError
 from ._handle import Partial, PooledClient, PooledJob
+from ._scheduling import classed_ticket, queue_timeout_for
 from ._sessions import PoolSession
 from ._settings import PoolSettings
 from .admission import WaitTicket
@@ -110,6 +111,7 @@ class RequestPath:
         headers: Mapping[str, str] | None = None,
         on_event: Callable[[UpstreamEvent], Awaitable[None]] | None = None,
         session: str | PoolSession | None = None,
+        priority: str | None = None,
     ) -> Prediction:
         """One predict with the pool's retry policy, failover and deadline.
 
@@ -130,6 +132,9 @@ class RequestPath:
         every upstream request of this call (and no other); ``on_event(event)`` is
         awaited for each protocol message (:meth:`PooledJob.events`). ``session``: an
         open session (``Pool.open_session``) the call continues, on its Space.
+        awaited for each protocol message (:meth:`PooledJob.events`). ``priority``:
+        ``"interactive"`` (default) or ``"batch"`` (docs/scheduling.md); a batch call
+        waits up to ``POOL_BATCH_QUEUE_TIMEOUT_S`` unless ``queue_timeout_s`` is given.
         """
         started = self.clock.now()
         call = _Call(
@@ -145,9 +150,8 @@ class RequestPath:
             on_event,
             session,
         )
-        queue_timeout = (
-            self.settings.queue_timeout_s if queue_timeout_s is None else queue_timeout_s
-        )
+        ticket = classed_ticket(self.settings, ticket, priority)
+        queue_timeout = queue_timeout_for(self.settings, ticket, queue_timeout_s)
         attempt = 0
         while True:
             attempt += 1

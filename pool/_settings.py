@@ -6,7 +6,7 @@ import os
 import tempfile
 from typing import Literal
 
-from pydantic import Field, SecretStr, model_validator
+from pydantic import AliasChoices, Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -25,6 +25,16 @@ class PoolSettings(BaseSettings):
     max_connections: int = Field(default=50, ge=1, le=1000)
     idle_timeout_s: float = Field(default=600.0, gt=0)
     queue_timeout_s: float = Field(default=30.0, ge=0)
+    batch_queue_timeout_s: float = Field(
+        default=300.0, ge=0, description="queue timeout of batch-class requests"
+    )
+    batch_max_wait_s: float = Field(
+        default=60.0, ge=0, description="a batch waiter ranks as interactive after this"
+    )
+    warmup: bool = Field(default=False, description="open each Space's minimum at start")
+    warm_window_s: float = Field(
+        default=3600.0, gt=0, description="idle connections kept: peak in use over this window"
+    )
     health_interval_s: float = Field(default=300.0, gt=0)
     health_sample: int = Field(default=5, ge=0)
     health_failures: int = Field(default=3, ge=1, description="failed probes before discard")
@@ -71,7 +81,10 @@ class PoolSettings(BaseSettings):
         default=1800.0, gt=0, description="a session ends after this long without a call"
     )
     user_hash_key: SecretStr | None = None
-    hf_token: SecretStr | None = Field(default=None, validation_alias="HF_TOKEN")
+    # POOL_HF_TOKEN, or HF_TOKEN: sent as x-hf-authorization (private Spaces); never shown
+    hf_token: SecretStr | None = Field(
+        default=None, validation_alias=AliasChoices("POOL_HF_TOKEN", "HF_TOKEN", "hf_token")
+    )
 
     @model_validator(mode="after")
     def _min_not_above_max(self) -> PoolSettings:

@@ -27,7 +27,7 @@ from ._apps import endpoint_signatures
 from ._clock import SYSTEM_CLOCK, Clock
 from ._connection import ClientFactory, Connection, ConnState, close_client
 from ._errors import classify_connect
-from ._exceptions import PoolClosedError, PoolError
+from ._exceptions import PoolClosedError, PoolError, UpstreamTransportError
 from ._legacy import NAME_WAIT_S
 from ._spaces import SpaceSpec
 from .resilience import RetryPolicy
@@ -77,12 +77,18 @@ class SpacePool:
         )
         self.down_until = 0.0
         self.last_error: str | None = None
+        # The Space's own queue as the last call that saw an ``estimation`` found it.
+        self.space_queue: dict[str, Any] | None = None
         self.opened_total = 0
         # The Space's api_names, from its config when a connection last opened (None:
         # not known yet); routing sends a call only where its endpoint exists.
         self.api_names: frozenset[str] | None = None
         # api_name → digest of its parameters and outputs (pool/_apps.py: apps, replicas).
         self.signatures: dict[str, str] | None = None
+        # Warmth (pool/_warmth.py): the peak in use since it was last taken, and how
+        # many connections the reaper keeps open (at least the minimum).
+        self._peak_in_use = 0
+        self.kept_warm = min_size
 
     # -- predicates -------------------------------------------------------------------
     @property
@@ -182,6 +188,7 @@ class SpacePool:
                 continue
             conn.state = ConnState.LEASED
             self._leased.add(conn)
+            self._peak_in_use = max(self._peak_in_use, len(self._leased))
             return conn
         return None
 
@@ -192,6 +199,7 @@ class SpacePool:
             if not fut.done():
                 conn.state = ConnState.LEASED
                 self._leased.add(conn)
+                self._peak_in_use = max(self._peak_in_use, len(self._leased))
                 fut.set_result(conn)
                 return
         conn.state = ConnState.IDLE
@@ -214,6 +222,17 @@ class SpacePool:
             return
         while self.total + self._opening < self.min_size:
             self._start_open()
+
+    def warm_up(self) -> None:
+        """Open connections up to ``min_size`` now (``POOL_WARMUP``), in the background."""
+        if not self._closed:
+            while self.total + self._opening < self.min_size:
+                self._start_open()
+
+    def take_peak_in_use(self) -> int:
+        """The most connections in use at once since the last call (and reset it)."""
+        peak, self._peak_in_use = self._peak_in_use, len(self._leased)
+        return max(peak, len(self._leased))
 
     def _start_open(self) -> None:
         self._opening += 1
@@ -288,8 +307,8 @@ class SpacePool:
                 if self._closed:  # cut by aclose(): no retry
                     raise PoolClosedError("pool closed while opening") from exc
                 error = classify_connect(exc).error
-                if not self._reopen.should_reopen(error, attempt):
-                    raise error from exc
+                if not self._reopen.should_reopen(error, attempt) or _asked_to_wait(error):
+                    raise error from exc  # a Retry-After is honoured by routing around
             await self._clock.sleep(self._reopen.delay(attempt))
 
     def _open_blocking(self) -> Any:
@@ -352,12 +371,14 @@ class SpacePool:
             return True
         return False
 
-    def reap_idle(self, idle_timeout_s: float) -> int:
-        """Close connections idle longer than ``idle_timeout_s``, down to the minimum."""
+    def reap_idle(self, idle_timeout_s: float, keep: int | None = None) -> int:
+        """Close connections idle longer than ``idle_timeout_s``, down to ``keep``
+        (default: the minimum; pool/_warmth.py decides it)."""
         now = self._clock.now()
         reaped = 0
+        floor = self.min_size if keep is None else keep
         for conn in list(self._idle):  # oldest first
-            if self.total <= self.min_size:
+            if self.total <= floor:
                 break
             if conn.is_idle_longer_than(idle_timeout_s, now):
                 self._idle.remove(conn)
@@ -423,7 +444,18 @@ class SpacePool:
             "healthyConnections": len(conns) - unhealthy,
             "unhealthyConnections": unhealthy,
             "localWaiters": sum(1 for f in self._waiters if not f.done()),
+            "keptWarm": self.kept_warm,
             "up": self.is_up(),
             "lastError": self.last_error,
             "generation": self.generation,
+            "spaceQueue": self.space_queue,
         }
+
+    def saw_queue(self, rank: int, size: int | None, at: float) -> None:
+        """A call found the Space's own queue so (rank 0 = next) before it started."""
+        self.space_queue = {"rank": rank, "size": size, "seenAt": round(at, 3)}
+
+
+def _asked_to_wait(error: PoolError) -> bool:
+    """The Space named a wait (429 Retry-After): no reopen before it passed."""
+    return isinstance(error, UpstreamTransportError) and bool(error.retry_after_s)

@@ -34,6 +34,7 @@ _SUMMED = (
     "healthyConnections",
     "unhealthyConnections",
     "localWaiters",
+    "keptWarm",
 )
 
 
@@ -145,6 +146,8 @@ class Stats:
                 "transitions": h.transitions,
             },
             "wake": {"state": wake, "deadline": _iso(h.wake_until) if wake == "waking" else None},
+            # growth held at this window since the Space's own queue pushed back (None: not)
+            "heldAt": h.held_at if h.held(now) else None,
         }
 
     async def collect(self, health_running: bool, last_check: datetime | None) -> dict[str, Any]:
@@ -171,6 +174,10 @@ class Stats:
             "pools": pools,
             **totals,
             "totalQueued": snap.waiting if snap else 0,
+            "totalQueuedByClass": {
+                "interactive": snap.waiting - snap.batch_waiting if snap else 0,
+                "batch": snap.batch_waiting if snap else 0,
+            },
             "userAssignments": max(users, self._router.assignments),
             "initialized": self.shared is not None,
             "healthCheckRunning": health_running,

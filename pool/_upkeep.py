@@ -1,6 +1,7 @@
 """Maintenance of a pool, one loop per process (:class:`Upkeep`, started with the pool).
 
-Every tick (at most ``PUBLISH_S``): close idle connections above the minimum, publish
+Every tick (at most ``PUBLISH_S``): close idle connections above the number kept warm
+(:mod:`pool._warmth`: the minimum, or the peak in use over a window), publish
 this process's snapshot for fleet-wide stats, re-read the shared health records (other
 processes' window and breaker changes; the windows re-applied as limits), pause owned
 idle Spaces; every ``POOL_HEALTH_INTERVAL_S``: one health round (SPEC 4.4). A store
@@ -21,6 +22,7 @@ from ._events import Hook, PoolEvent, emit
 from ._settings import PoolSettings
 from ._space_pool import SpacePool
 from ._stats import PUBLISH_S, Shared
+from ._warmth import Warmth
 from .admission import SPACE_PREFIX
 
 
@@ -43,9 +45,12 @@ class Upkeep:
         self._task: asyncio.Task[None] | None = None
         self._last_round_at = 0.0
         self.health_running = False
+        self.warmth = Warmth(settings.warm_window_s, clock)
         self.last_health_check: datetime | None = None
 
     def start(self, shared: Shared, http: httpx.AsyncClient) -> None:
+        if self._settings.warmup:
+            Warmth.warm_up(self._spaces)
         self._last_round_at = self._clock.now()
         self._task = asyncio.get_running_loop().create_task(self._run(shared, http))
 
@@ -63,7 +68,7 @@ class Upkeep:
         while True:
             await self._clock.sleep(tick)
             for sp in self._spaces.values():
-                sp.reap_idle(s.idle_timeout_s)
+                sp.reap_idle(s.idle_timeout_s, self.warmth.keep(sp))
             with contextlib.suppress(Exception):
                 await self._publish()
             with contextlib.suppress(Exception):

@@ -65,6 +65,13 @@ def demo_spaces() -> Iterator[dict[str, SpaceProcess]]:
             space.stop()
 
 
+@pytest.fixture(scope="session")
+def zero() -> Iterator[SpaceProcess]:
+    """A ZeroGPU-like stand-in (kind zerogpu: x-ip-token, a GPU quota per token)."""
+    with SpaceProcess("zero", kind="zerogpu") as space:
+        yield space
+
+
 def spaces_env(spaces: dict[str, SpaceProcess]) -> str:
     """The POOL_SPACES value for ``spaces`` (name=URL, comma-separated)."""
     return ",".join(f"{name}={space.url}" for name, space in spaces.items())

@@ -4,7 +4,15 @@ from __future__ import annotations
 
 from ._memory import MemoryCoordinator
 from ._protocol import AdmissionSnapshot, Coordinator, Lease, WaitTicket
-from ._rule import CONSUMER_PREFIX, GLOBAL_RESOURCE, SPACE_PREFIX, plan_grants
+from ._rule import (
+    BATCH,
+    CONSUMER_PREFIX,
+    GLOBAL_RESOURCE,
+    INTERACTIVE,
+    PRIORITIES,
+    SPACE_PREFIX,
+    plan_grants,
+)
 from ._values import SharedValues
 
 
@@ -25,8 +33,11 @@ def open_coordinator(url: str, *, lease_ttl_s: float = 15.0) -> Coordinator:
 
 
 __all__ = [
+    "BATCH",
     "CONSUMER_PREFIX",
     "GLOBAL_RESOURCE",
+    "INTERACTIVE",
+    "PRIORITIES",
     "SPACE_PREFIX",
     "AdmissionSnapshot",
     "Coordinator",

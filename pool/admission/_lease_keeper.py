@@ -60,7 +60,7 @@ from typing import Any, Protocol, TypeVar
 
 from .._exceptions import BusyError, MisuseError, PoolClosedError
 from ._protocol import AdmissionSnapshot, Lease, StoreUnavailable, WaitTicket, new_id
-from ._rule import bottleneck_capacity, estimate_wait_s, limit_lookup
+from ._rule import INTERACTIVE, bottleneck_capacity, estimate_wait_s, limit_lookup
 from ._values import GuardedValues, SharedValues
 
 _log = logging.getLogger("pool.admission")
@@ -120,7 +120,17 @@ class SharedStore(Protocol):
 
     def attach(self, local: LocalEntries) -> None: ...
 
-    async def enqueue(self, waiter_id: str, resources: tuple[str, ...]) -> StoreView: ...
+    async def enqueue(
+        self,
+        waiter_id: str,
+        resources: tuple[str, ...],
+        *,
+        priority: str = INTERACTIVE,
+        ages_after_s: float = 60.0,
+    ) -> StoreView:
+        """Queue a waiter of class ``priority`` (it ranks as interactive after
+        ``ages_after_s``), or grant it at once."""
+        ...
 
     async def withdraw(self, waiter_id: str, *, keep: bool) -> Withdrawn:
         """Delete the waiter; if it was granted, keep the lease or (``keep=False``) free it."""
@@ -206,7 +216,10 @@ class SharedCoordinator:
         waiter = _Waiter(tuple(resources), ticket or WaitTicket())
         self._waiters[key] = waiter
         sent = time.monotonic()
-        enqueue = self._spawn(self._backend.enqueue(key, waiter.resources))
+        enqueue = self._spawn(self._backend.enqueue(
+            key, waiter.resources, priority=waiter.ticket.priority,
+            ages_after_s=waiter.ticket.ages_after_s,
+        ))  # fmt: skip
         try:
             view = await asyncio.shield(enqueue)
             waiter.enqueued = True

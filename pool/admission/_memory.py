@@ -1,8 +1,10 @@
 """In-process store (``memory://``): one process, no leases to expire.
 
-State is one ordered dict of waiters plus a counter per resource. ``_assign`` is
-the only state machine: it has no ``await``, applies the grant rule and resolves
-the winners' futures, handing them their lease at wake-up time so that nobody can
+State is one ordered dict of waiters (arrival order), the same waiters grouped by
+lane and class (:func:`~pool.admission._rule.lane_of`, in rank order) and a counter
+per resource. ``_assign`` is the only state machine: it has no ``await``, applies the
+grant rule and resolves the winners' futures, handing them their lease at wake-up
+time so that nobody can
 jump the queue between the wake-up and the waiter running (trio's parking lot).
 """
 
@@ -13,16 +15,22 @@ import itertools
 import os
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 from .._exceptions import BusyError, MisuseError, PoolClosedError
 from ._protocol import AdmissionSnapshot, Lease, WaitTicket
 from ._rule import (
-    GLOBAL_RESOURCE,
+    RANK,
+    Entry,
     bottleneck_capacity,
     estimate_wait_s,
+    lane_of,
+    lane_open,
     limit_lookup,
+    newcomer_position,
     plan_grants,
+    queue_positions,
+    rank_of,
 )
 from ._values import MemoryValues
 
@@ -30,12 +38,18 @@ _TICKETS_EVERY_S = 0.25  # how often the queued waiters' positions and estimates
 
 
 class _Waiter:
-    __slots__ = ("future", "resources", "ticket")
+    __slots__ = ("ages_at", "future", "lane", "resources", "seq", "ticket")
 
-    def __init__(self, resources: tuple[str, ...], ticket: WaitTicket) -> None:
+    def __init__(self, resources: tuple[str, ...], ticket: WaitTicket, seq: int) -> None:
         self.resources = resources
         self.ticket = ticket
+        self.seq = seq
+        self.ages_at = time.monotonic() + ticket.ages_after_s
+        self.lane = (lane_of(resources), RANK[ticket.priority])
         self.future: asyncio.Future[Lease] = asyncio.get_running_loop().create_future()
+
+    def entry(self, key: str, now: float) -> Entry[str]:
+        return key, self.resources, (rank_of(self.ticket.priority, self.ages_at, now), self.seq)
 
 
 class MemoryCoordinator:
@@ -52,9 +66,9 @@ class MemoryCoordinator:
         self._secret = os.urandom(32)
         self.values = MemoryValues()
         self._keys = itertools.count(1)  # waiter and lease ids: unique in this process
-        # Waiters that do not need backend:global: while there is none, a grant pass
-        # stops once the global resource is full (see plan_grants' ``all_need``).
-        self._no_global: set[str] = set()
+        # The waiters by (lane, class), each in arrival (= rank) order: plan_grants'
+        # lanes, so that a hand-off does not read the waiters a full Space blocks.
+        self._lanes: dict[tuple[str, int], OrderedDict[str, _Waiter]] = {}
         self._tickets_due = 0.0  # monotonic time of the next ticket refresh
         self._tickets_timer: asyncio.TimerHandle | None = None
 
@@ -68,20 +82,20 @@ class MemoryCoordinator:
             limit_of = limit_lookup(self._limits)
             if all(self._held.get(r, 0) < limit_of(r) for r in wanted):
                 return self._grant(wanted)
-        key = str(next(self._keys))
-        waiter = _Waiter(wanted, ticket or WaitTicket())
+        seq = next(self._keys)
+        key = str(seq)
+        waiter = _Waiter(wanted, ticket or WaitTicket(), seq)
         self._waiters[key] = waiter
-        if GLOBAL_RESOURCE not in wanted:
-            self._no_global.add(key)
-        self._set_ticket(waiter, len(self._waiters), limit_lookup(self._limits))  # the last
+        self._lanes.setdefault(waiter.lane, OrderedDict())[key] = waiter
         self._assign()
+        if not waiter.future.done():
+            self._set_newcomer_ticket(waiter)
         try:
             async with asyncio.timeout(timeout):
                 return await asyncio.shield(waiter.future)
         except BaseException as exc:
             position = self._position(key)
-            self._waiters.pop(key, None)
-            self._no_global.discard(key)
+            self._forget(key)
             if _granted(waiter.future):
                 # Granted at the same moment we gave up: pass the slots on.
                 if isinstance(exc, TimeoutError):
@@ -116,6 +130,15 @@ class MemoryCoordinator:
         if self._waiters:
             self._assign()
 
+    def _forget(self, key: str) -> _Waiter | None:
+        waiter = self._waiters.pop(key, None)
+        if waiter is not None:
+            lane = self._lanes[waiter.lane]
+            del lane[key]
+            if not lane:
+                del self._lanes[waiter.lane]
+        return waiter
+
     def _grant(self, resources: tuple[str, ...]) -> Lease:
         lease = Lease(str(next(self._keys)), resources)
         self._leases[lease.lease_id] = lease
@@ -124,14 +147,17 @@ class MemoryCoordinator:
         return lease
 
     def _assign(self) -> None:
-        """The grant pass, then the tickets; O(global limit) while every waiter needs
-        backend:global (the pool's requests all do), not O(waiters)."""
+        """The grant pass over the lanes, then the tickets; flat in the queue length."""
         limit_of = limit_lookup(self._limits)
-        pending = ((k, w.resources) for k, w in self._waiters.items() if not w.future.done())
-        all_need = None if self._no_global else GLOBAL_RESOURCE
-        for key in plan_grants(pending, self._held, limit_of, all_need=all_need):
-            waiter = self._waiters.pop(key)
-            self._no_global.discard(key)
+        now = time.monotonic()
+        lanes = [
+            (w.entry(k, now) for k, w in lane.items() if not w.future.done())
+            for (key, _rank), lane in self._lanes.items()
+            if lane_open(key, self._held, limit_of)
+        ]
+        for key in plan_grants(lanes, self._held, limit_of):
+            waiter = self._forget(key)
+            assert waiter is not None
             waiter.future.set_result(self._grant(waiter.resources))
         # Positions only fall while a waiter waits, so a ticket that is not refreshed
         # overstates its wait a little; refreshing every ticket on every hand-off would
@@ -150,21 +176,28 @@ class MemoryCoordinator:
         self._tickets_timer = None
         self._tickets_due = time.monotonic() + _TICKETS_EVERY_S
         limit_of = limit_lookup(self._limits)
-        for position, waiter in enumerate(self._waiters.values(), start=1):
-            self._set_ticket(waiter, position, limit_of)
+        now = time.monotonic()
+        entries = [w.entry(k, now) for k, w in self._waiters.items()]
+        for key, position in queue_positions(entries, self._held, limit_of, self._waiters).items():
+            waiter = self._waiters[key]
+            waiter.ticket.position = position
+            capacity = bottleneck_capacity(waiter.resources, limit_of)
+            waiter.ticket.estimate_s = estimate_wait_s(position, capacity, self._mean_hold_s)
 
-    def _set_ticket(
-        self, waiter: _Waiter, position: int, limit_of: Callable[[str], int]
-    ) -> None:
+    def _set_newcomer_ticket(self, waiter: _Waiter) -> None:
+        """The ticket of the waiter that arrived last, in O(lanes)."""
+        limit_of = limit_lookup(self._limits)
+        sizes = [(lane, rank, len(ws) - (ws is self._lanes[waiter.lane]))
+                 for (lane, rank), ws in self._lanes.items()]  # fmt: skip
+        position = newcomer_position(sizes, *waiter.lane, self._held, limit_of)
         waiter.ticket.position = position
         capacity = bottleneck_capacity(waiter.resources, limit_of)
         waiter.ticket.estimate_s = estimate_wait_s(position, capacity, self._mean_hold_s)
 
     def _position(self, key: str) -> int:
-        for position, k in enumerate(self._waiters, start=1):
-            if k == key:
-                return position
-        return 0
+        now = time.monotonic()
+        entries = [w.entry(k, now) for k, w in self._waiters.items()]
+        return queue_positions(entries, self._held, limit_lookup(self._limits), [key]).get(key, 0)
 
     async def set_limits(self, limits: dict[str, int]) -> None:
         self._limits.update(limits)
@@ -181,6 +214,7 @@ class MemoryCoordinator:
             limits=dict(self._limits),
             waiting=len(self._waiters),
             store=self.store,
+            batch_waiting=sum(w.lane[1] for w in self._waiters.values()),
         )
 
     async def shared_secret(self) -> bytes:
@@ -191,6 +225,7 @@ class MemoryCoordinator:
             if not waiter.future.done():
                 waiter.future.set_exception(PoolClosedError("coordinator closed"))
         self._waiters.clear()
+        self._lanes.clear()
 
 
 def _granted(future: asyncio.Future[Lease]) -> bool:

@@ -34,6 +34,10 @@ class WaitTicket:
     enqueued_at: float = field(default_factory=time.monotonic)
     stage: str = "queued"  # "waking" while the pool waits for a sleeping Space to start
     space: str | None = None  # the Space being woken
+    # Scheduling class (docs/scheduling.md): "interactive" or "batch". A batch waiter
+    # ranks as interactive once it has waited ``ages_after_s``.
+    priority: str = "interactive"
+    ages_after_s: float = 60.0
 
 
 class Lease:
@@ -130,6 +134,7 @@ class AdmissionSnapshot:
     waiting: int
     store: str
     reachable: bool = True
+    batch_waiting: int = 0  # of ``waiting``, the batch class (the rest: interactive)
 
 
 class Coordinator(Protocol):

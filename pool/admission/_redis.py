@@ -9,12 +9,16 @@ Redis Cluster, as every script touches all the keys)::
                      next_expiry (no deadline is earlier: reclaim has nothing to do)
     limits    HASH   resource or prefix ("consumer:") -> limit
     held      HASH   resource -> holders (kept in step with ``leases`` by the scripts)
-    queue     ZSET   waiter id scored by a global sequence (HINCRBY meta seq): FIFO
-    waiters   HASH   waiter id -> {o: owner, t: ttl_ms, r: resources}
+    queue     ZSET   waiter id scored by class rank * 2^40 + a global sequence (HINCRBY
+                     meta seq): the rank order, for positions
+    waiters   HASH   waiter id -> {o: owner, t: ttl_ms, r: resources, p: class rank,
+                     a: ages_at (ms; batch ranks as interactive from then), m: lane key}
     wexp      ZSET   waiter id scored by its expiry (ms, server clock)
     leases    HASH   lease id -> the same record; a granted waiter keeps its id
     lexp      ZSET   lease id scored by its expiry
-    noglobal  SET    queued waiter ids that do not need ``backend:global``
+    lanes     ZSET   all scores 0, members ``lane SEP rank SEP seq(15 digits) SEP id``
+                     with SEP = chr(1): each lane and class is a contiguous range, in
+                     arrival order (issue 18)
     gone      ZSET   tombstones: withdrawn, released, dropped or expired ids scored by
                      when they may be forgotten (>= one lease TTL later; see below)
 
@@ -25,9 +29,10 @@ touches them.
 Why it is shaped this way:
 
 * **Same rule, in the server.** ``grant_pass`` in the script is a line-for-line port
-  of :func:`pool.admission._rule.plan_grants`: waiters in arrival order, a waiter
-  short of a ``consumer:`` slot is skipped without reserving anything, a waiter short
-  of a shared resource reserves the resources it is short of. Keep the two in step.
+  of :func:`pool.admission._rule.plan_grants`: the heads of the lanes (``lanes``)
+  merged in rank order, a waiter that fits is granted, a waiter short of a shared
+  resource closes its lane for the pass, one short of its ``consumer:`` slot only is
+  skipped. Keep the two in step.
 * **Expiry is data.** Deadlines of leases and waiters live in ZSETs and every script
   starts by reclaiming what is past due (``TIME`` of the server, so host clocks do
   not matter). No janitor process is needed.
@@ -96,21 +101,21 @@ from ._protocol import AdmissionSnapshot, StoreUnavailable, new_id
 from ._redis_conn import ResetOnClose
 from ._redis_values import UNREACHABLE as _UNREACHABLE
 from ._redis_values import RedisValues
+from ._rule import INTERACTIVE, RANK
 
 _log = logging.getLogger("pool.admission")
 
 # "gone" is last on purpose: other keys may be added before it (KEYS[10] in the script).
-_KEYS = ("meta", "limits", "held", "queue", "waiters", "wexp", "leases", "lexp", "noglobal",
-         "gone")
+_KEYS = ("meta", "limits", "held", "queue", "waiters", "wexp", "leases", "lexp", "lanes", "gone")
 _OPS_PER_RUN = 32  # operations per script run at most: Redis runs one script at a time
 
 _SCRIPT = r"""
--- KEYS: meta, limits, held, queue, waiters, wexp, leases, lexp, noglobal (see _redis.py)
+-- KEYS: meta, limits, held, queue, waiters, wexp, leases, lexp, lanes (see _redis.py)
 -- ARGV: channel prefix, then one or more operations, each as a count n and n items:
 --       op, owner, epoch, op arguments...  Returns the JSON list of their results.
 local META, LIMITS, HELD, QUEUE = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local WAITERS, WEXP, LEASES, LEXP = KEYS[5], KEYS[6], KEYS[7], KEYS[8]
-local NOGLOBAL = KEYS[9]
+local LANES = KEYS[9]                  -- the waiters by lane and class (issue 18)
 local GONE = KEYS[#KEYS]              -- tombstones (issue 22): always the last key
 local BATCH, chan = ARGV, ARGV[1]
 -- Rebound to each operation in turn (see the end): ARGV = {op, owner, epoch, chan, ...}.
@@ -118,7 +123,9 @@ local ARGV, op, owner, epoch = {}, '', '', ''
 local UNLIMITED = 1073741824          -- _rule.UNLIMITED
 local CONSUMER = 'consumer:'          -- _rule.CONSUMER_PREFIX
 local GLOBAL = 'backend:global'       -- _rule.GLOBAL_RESOURCE
-local CHUNK = 64                      -- queue entries read per ZRANGE in grant_pass
+local CHUNK = 16                      -- lane entries read per ZRANGEBYLEX in grant_pass
+local SEP = '\1'                      -- separates the parts of a LANES member
+local BATCH_SCORE = 1099511627776     -- 2^40: QUEUE score offset of the batch class
 
 local head = redis.call('HMGET', META, 'epoch', 'next_expiry')
 local store_epoch = head[1]
@@ -184,7 +191,8 @@ end
 local function drop_waiter(id, granted)
   redis.call('ZREM', QUEUE, id)
   redis.call('ZREM', WEXP, id)
-  redis.call('SREM', NOGLOBAL, id)
+  local rec = redis.call('HGET', WAITERS, id)
+  if rec then redis.call('ZREM', LANES, cjson.decode(rec).m) end  -- its lane (issue 18)
   local found = redis.call('HDEL', WAITERS, id) == 1
   if not granted then bury(id) end             -- tombstone (issue 22); a grant lives on
   return found
@@ -205,14 +213,23 @@ local function make_lease(id, rec, w)
   expire_at(LEXP, id, now + w.t)
 end
 
-local function add_waiter(id, rec, w)
+-- _rule.lane_of: the shared resources, sorted, comma-joined.
+local function lane_of(resources)
+  local shared = {}
+  for _, r in ipairs(resources) do if not is_private(r) then shared[#shared + 1] = r end end
+  table.sort(shared)
+  return table.concat(shared, ',')
+end
+
+-- w: {o, t, r, p (class rank, default 0), a (ages_at ms)}; its lane key is added here.
+local function add_waiter(id, w)
   local seq = redis.call('HINCRBY', META, 'seq', 1)
-  redis.call('ZADD', QUEUE, seq, id)
-  redis.call('HSET', WAITERS, id, rec)
+  w.p, w.a = w.p or 0, w.a or 0
+  w.m = lane_of(w.r) .. SEP .. w.p .. SEP .. string.format('%015d', seq) .. SEP .. id
+  redis.call('ZADD', QUEUE, w.p * BATCH_SCORE + seq, id)
+  redis.call('ZADD', LANES, 0, w.m)
+  redis.call('HSET', WAITERS, id, cjson.encode(w))
   expire_at(WEXP, id, now + w.t)
-  local needs_global = false
-  for _, r in ipairs(w.r) do if r == GLOBAL then needs_global = true; break end end
-  if not needs_global then redis.call('SADD', NOGLOBAL, id) end
 end
 
 local function reclaim()
@@ -239,83 +256,103 @@ local function quarantined()
   return until_ms and now < tonumber(until_ms)
 end
 
--- The grant rule: a faithful port of pool/admission/_rule.py plan_grants, with its
--- all_need early exit: while every queued waiter needs backend:global (noglobal is
--- empty), the pass stops once that resource is full, as nobody later can be granted.
--- The queue is read CHUNK entries at a time, so a stopped pass does not read it all.
--- As there, the pass is repeated while a place held at (3) went stale (its consumer
--- filled up later in the pass). Returns the ids granted to the caller's owner;
--- PUBLISHes the others' ids.
-local function one_pass(mine, others)
-  local ids = redis.call('ZRANGE', QUEUE, 0, CHUNK - 1)
-  if #ids == 0 then return false end
-  local counts = as_table(redis.call('HGETALL', HELD))
-  local full_at = math.huge
-  if redis.call('SCARD', NOGLOBAL) == 0 then full_at = limit_of(GLOBAL) end
-  local claims = {}                                            -- private resources of (3)
-  local granted = false
-  local start, stop = 0, false
-  repeat
-  local gone = 0                                               -- entries left the queue
-  for _, id in ipairs(ids) do
-    if (counts[GLOBAL] or 0) >= full_at then stop = true; break end
+-- ---- The grant rule over lanes (issue 18): a port of _rule.py plan_grants ------------
+-- Each lane and class of LANES is read CHUNK members at a time, from its head; the
+-- heads are merged in rank order (class rank, with batch aged to interactive at w.a,
+-- then arrival). A waiter that fits is granted; one short of a shared resource closes
+-- its lane for the pass (everyone behind it is short too); one short only of its
+-- consumer slot is skipped. Grants are applied after the merge, so offsets stay valid.
+-- A lane with a shared resource full before the pass is not read (_rule.lane_open).
+local function lane_cursors(counts)
+  local subs, first = {}, redis.call('ZRANGEBYLEX', LANES, '-', '+', 'LIMIT', 0, 1)[1]
+  while first do
+    local lane = string.sub(first, 1, string.find(first, SEP, 1, true) - 1)
+    local open = true
+    for r in string.gmatch(lane, '[^,]+') do
+      if (counts[r] or 0) >= limit_of(r) then open = false; break end
+    end
+    for _, rank in ipairs(open and {'0', '1'} or {}) do
+      subs[#subs + 1] = {p = lane .. SEP .. rank .. SEP, r = tonumber(rank), buf = {},
+                         i = 1, off = 0, done = false}
+    end
+    first = redis.call('ZRANGEBYLEX', LANES, '(' .. lane .. '\2', '+', 'LIMIT', 0, 1)[1]
+  end
+  return subs
+end
+
+-- The head entry of a cursor {id, rec, w, rank, seq}, or nil when it is exhausted.
+local function lane_head(c)
+  while not c.cur do
+    if c.i > #c.buf then
+      if c.done then return nil end
+      c.buf = redis.call('ZRANGEBYLEX', LANES, '[' .. c.p, '[' .. c.p .. '\255',
+                         'LIMIT', c.off, CHUNK)
+      c.i, c.off, c.done = 1, c.off + #c.buf, #c.buf < CHUNK
+      if #c.buf == 0 then return nil end
+    end
+    local m = c.buf[c.i]
+    local id = string.sub(m, #c.p + 17)
     local rec = redis.call('HGET', WAITERS, id)
-    if not rec then
-      drop_waiter(id)
-      gone = gone + 1
-    else
+    if rec then
       local w = cjson.decode(rec)
-      local blocked = false                                    -- (1) private full: skip
-      for _, r in ipairs(w.r) do
-        if is_private(r) and (counts[r] or 0) >= limit_of(r) then blocked = true; break end
-      end
-      if not blocked then
-        local fits = true
-        for _, r in ipairs(w.r) do
-          if (counts[r] or 0) >= limit_of(r) then fits = false; break end
-        end
-        if fits then                                           -- (2) grant, all or nothing
-          for _, r in ipairs(w.r) do counts[r] = (counts[r] or 0) + 1 end
-          drop_waiter(id, true)
-          gone = gone + 1
-          make_lease(id, rec, w)
-          granted = true
-          if w.o == owner then
-            mine[#mine + 1] = id
-          else
-            others[w.o] = others[w.o] or {}
-            table.insert(others[w.o], id)
-          end
-        else                                                   -- (3) hold its place in line
-          for _, r in ipairs(w.r) do
-            if is_private(r) then
-              claims[#claims + 1] = r
-            else
-              counts[r] = (counts[r] or 0) + 1
-            end
-          end
-        end
-      end
+      local rank = c.r
+      if rank > 0 and w.a <= now then rank = 0 end
+      c.cur = {id = id, rec = rec, w = w, rank = rank,
+               seq = tonumber(string.sub(m, #c.p + 1, #c.p + 15))}
+    else
+      redis.call('ZREM', LANES, m)                                -- a stale member
+      c.i, c.off = c.i + 1, c.off - 1
     end
   end
-  if stop or #ids < CHUNK then break end
-  start = start + #ids - gone
-  ids = redis.call('ZRANGE', QUEUE, start, start + CHUNK - 1)
-  until #ids == 0
-  if not granted then return false end
-  for _, r in ipairs(claims) do
-    if (counts[r] or 0) >= limit_of(r) then return true end    -- a stale place: again
-  end
-  return false
+  return c.cur
 end
 
 local function grant_pass()
   if quarantined() then return {} end
+  local counts = as_table(redis.call('HGETALL', HELD))
+  local subs, grants = lane_cursors(counts), {}
+  while true do
+    local best, at = nil, nil
+    for k, c in ipairs(subs) do
+      local e = (not c.closed) and lane_head(c)
+      if not e then
+        c.closed = true
+      elseif not best or e.rank < best.rank or (e.rank == best.rank and e.seq < best.seq) then
+        best, at = e, k
+      end
+    end
+    if not best then break end
+    local c = subs[at]
+    c.cur, c.i = nil, c.i + 1
+    local shut, fits = false, true
+    for _, r in ipairs(best.w.r) do
+      if (counts[r] or 0) >= limit_of(r) then
+        fits = false
+        if not is_private(r) then shut = true end
+      end
+    end
+    if shut then
+      c.closed = true                                      -- (1) blocked: so is its lane
+    elseif fits then                                       -- (2) grant, all or nothing
+      for _, r in ipairs(best.w.r) do counts[r] = (counts[r] or 0) + 1 end
+      grants[#grants + 1] = best
+    end                                                    -- else: its consumer is full
+  end
   local mine, others = {}, {}
-  while one_pass(mine, others) do end
+  for _, g in ipairs(grants) do
+    drop_waiter(g.id, true)
+    make_lease(g.id, g.rec, g.w)
+    if g.w.o == owner then
+      mine[#mine + 1] = g.id
+    else
+      others[g.w.o] = others[g.w.o] or {}
+      table.insert(others[g.w.o], g.id)
+    end
+  end
   for o, list in pairs(others) do redis.call('PUBLISH', chan .. o, table.concat(list, ',')) end
   return mine
 end
+-- ---- end of the grant rule -------------------------------------------------------------
 
 -- Limits and mean hold time go back only with positions (for the wait estimate).
 local function reply(status, mine, positions, extra)
@@ -327,8 +364,10 @@ end
 -- Each op returns a table; the script returns it as one JSON string (cheap to parse).
 local function dispatch()
 if op == 'enqueue' then
+  -- ARGV 8, 9: class rank (0 interactive, 1 batch), ms after which batch ranks as 0
   local id, ttl = ARGV[5], tonumber(ARGV[7])
-  local w = {o = owner, t = ttl, r = cjson.decode(ARGV[6])}
+  local w = {o = owner, t = ttl, r = cjson.decode(ARGV[6]),
+             p = tonumber(ARGV[8] or '0'), a = now + tonumber(ARGV[9] or '0')}
   local rec = cjson.encode(w)
   reclaim()
   note_ttl(ttl)
@@ -344,7 +383,7 @@ if op == 'enqueue' then
       return reply('OK', {id}, {})
     end
   end
-  add_waiter(id, rec, w)
+  add_waiter(id, w)
   local mine = grant_pass()
   local rank = redis.call('ZRANK', QUEUE, id)
   if rank then return reply('OK', mine, {id, rank + 1}) end
@@ -423,14 +462,17 @@ elseif op == 'set_limits' then
 elseif op == 'snapshot' then
   reclaim()
   local mine = grant_pass()
-  local queued, waiting = {}, 0
+  local queued, waiting, batch = {}, 0, 0
   for _, rec in ipairs(redis.call('HVALS', WAITERS)) do
     waiting = waiting + 1
-    for _, r in ipairs(cjson.decode(rec).r) do queued[r] = (queued[r] or 0) + 1 end
+    local w = cjson.decode(rec)
+    batch = batch + (w.p or 0)                               -- the batch class (issue 18)
+    for _, r in ipairs(w.r) do queued[r] = (queued[r] or 0) + 1 end
   end
   local flat = {}
   for r, n in pairs(queued) do flat[#flat + 1] = r; flat[#flat + 1] = n end
-  return {'OK', mine, redis.call('HGETALL', HELD), flat, redis.call('HGETALL', LIMITS), waiting}
+  return {'OK', mine, redis.call('HGETALL', HELD), flat, redis.call('HGETALL', LIMITS), waiting,
+          batch}
 
 elseif op == 'secret' then
   redis.call('HSETNX', META, 'secret', ARGV[5])
@@ -491,7 +533,7 @@ elseif op == 'restore' then
     if is_gone(id) then
       refused[#refused + 1] = id               -- it left the store: never back (issue 22)
     elseif redis.call('HEXISTS', LEASES, id) == 0 and redis.call('HEXISTS', WAITERS, id) == 0 then
-      add_waiter(id, cjson.encode(w), w)
+      add_waiter(id, w)
     end
   end
   return {'OK', current, refused}
@@ -734,8 +776,18 @@ class _RedisStore:
             self._local.entries_lost(refused)
 
     # -- SharedStore ----------------------------------------------------------------------
-    async def enqueue(self, waiter_id: str, resources: tuple[str, ...]) -> StoreView:
-        reply = await self._call("enqueue", waiter_id, json.dumps(list(resources)), self._ttl_ms)
+    async def enqueue(
+        self,
+        waiter_id: str,
+        resources: tuple[str, ...],
+        *,
+        priority: str = INTERACTIVE,
+        ages_after_s: float = 60.0,
+    ) -> StoreView:
+        reply = await self._call(
+            "enqueue", waiter_id, json.dumps(list(resources)), self._ttl_ms, RANK[priority],
+            max(0, round(ages_after_s * 1000)),
+        )  # fmt: skip
         return _view(reply)
 
     async def withdraw(self, waiter_id: str, *, keep: bool) -> Withdrawn:
@@ -772,13 +824,14 @@ class _RedisStore:
 
     async def snapshot(self) -> AdmissionSnapshot:
         # owner "": every grant this pass makes is published, ours included.
-        _, _, held, queued, limits, waiting = await self._call("snapshot", owner="")
+        _, _, held, queued, limits, waiting, batch = await self._call("snapshot", owner="")
         return AdmissionSnapshot(
             held=_pairs(held),
             queued=_pairs(queued),
             limits=_pairs(limits),
             waiting=int(waiting),
             store=self.name,
+            batch_waiting=int(batch),
         )
 
     async def shared_secret(self) -> bytes:

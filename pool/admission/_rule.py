@@ -7,34 +7,48 @@ two classes:
   compete for, and
 * **private** resources (``consumer:<hash>``) that only one consumer's requests use.
 
-The rule, applied to the waiters in arrival order, over counts that start as the
-slots held::
+Waiters are ranked: by class first (``interactive`` before ``batch``; a batch waiter
+that has waited ``POOL_BATCH_MAX_WAIT_S`` ranks as interactive), then by arrival.
+The rule, applied to the waiters in rank order, over counts that start as the slots
+held::
 
-    for w in waiters (oldest first):
-        if any private resource of w is full:      skip w                          (1)
-        elif every resource of w has a free slot:  grant w; count its slots        (2)
-        else:                                      count one slot of each shared
-                                                   resource of w as taken; skip w  (3)
+    for w in waiters (best rank first):
+        if some resource of w is full:    skip w; w holds its place on the full
+                                          shared resources only                    (1)
+        else:                             grant w; count its slots                 (2)
 
-Why:
+A full shared resource stays full for the rest of the pass (counts only grow), so
+"holding a place" on it needs no bookkeeping: every later waiter that needs it is
+skipped too. A waiter is *blocked on* the shared resources that are full at its
+turn; it claims nothing on the others.
 
-* (1) a request held back only by its own consumer limit takes no place in line on
-  the shared resources, so a heavy user's backlog never delays another user's
-  request (no monopoly, SPEC 4.5 property 3). It keeps its arrival position for when
-  its own slot frees.
-* (3) a waiter that cannot be served yet *holds its place*: one slot of each shared
-  resource it needs is set aside for it in this pass. A later waiter gets a slot of a
-  shared resource only if one is left beyond what every earlier waiter needs, so
-  nobody is overtaken on a Space or on the global resource (FIFO, property 4) and the
-  oldest waiter is served as soon as its resources free up (no starvation).
-* (2) grants are all-or-nothing (property 2) and never exceed a limit (property 1):
-  counts grow as grants are made within one pass. A slot stays idle only while an
-  earlier waiter has a claim on it — the work-conserving bound that property 5 allows
-  ("without breaking 4").
+Properties (SPEC 4.5), proven for every store by ``tests/admission/test_properties.py``:
 
-The price of strict FIFO is head-of-line blocking: a waiter for a full Space sets
-aside a global slot that a request for another Space could have used. The pool keeps
-that cheap by routing users to the least-loaded Space and by the per-Space window.
+(a) **work-conserving across Spaces**: a request for a Space with a free slot is
+    never delayed by waiters of *another* Space while ``backend:global`` has a slot
+    that no earlier waiter blocked on it needs. A waiter blocked only by its Space
+    claims no global slot: every holder of a Space slot also holds a global slot,
+    so the release that frees its Space slot frees a global slot with it.
+(b) **FIFO per resource** (rank order), among the waiters that wait for it: once a
+    resource is full in a pass, no later waiter gets it in that pass.
+(c) **no starvation**: a waiter blocked by its Space is admitted within the holds
+    ahead of it on that Space, however many requests other Spaces receive
+    meanwhile: the release of a slot on its Space frees a global slot too, and the
+    waiter comes before every later arrival in the pass that follows.
+(d) all-or-nothing grants (property 2) that never exceed a limit (property 1); a
+    waiter held back only by its own ``consumer:`` limit holds no place anywhere
+    (no monopoly, property 3); a slot stays idle only while a waiter ranked before
+    every waiter that could use it is blocked on it (property 5).
+
+The previous rule (until issue 18) set aside one slot of *every* shared resource of a
+blocked waiter, so a busy Space's backlog froze the global resource for every other
+Space (head-of-line blocking: B waited 8.3 s for a free slot, docs/scheduling.md).
+
+**Lanes.** Waiters with the same shared resources form a *lane* (``lane_of``); the
+stores keep each lane, per class, in rank order. Once a lane's head is blocked on a
+shared resource, the rest of the lane is too, so the pass merges the lanes' heads and
+drops a lane at its first blocked waiter: a hand-off costs O(lanes + grants + waiters
+held back by their consumer limit), flat in the queue length.
 
 The function is pure and has no ``await``: the memory and SQLite stores call it inside
 their critical section; the Redis store runs the same rule in a Lua script
@@ -43,6 +57,7 @@ their critical section; the Redis store runs the same rule in a Lua script
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping, Sequence
 from typing import TypeVar
 
@@ -50,7 +65,14 @@ CONSUMER_PREFIX = "consumer:"
 GLOBAL_RESOURCE = "backend:global"
 SPACE_PREFIX = "space:"
 
+INTERACTIVE = "interactive"
+BATCH = "batch"
+PRIORITIES = (INTERACTIVE, BATCH)
+RANK = {INTERACTIVE: 0, BATCH: 1}  # a waiter's class rank; lower goes first
+
 K = TypeVar("K", bound=Hashable)
+Order = tuple[int, float]  # (class rank, arrival): lower goes first
+Entry = tuple[K, Sequence[str], Order]
 
 
 def is_private(resource: str) -> bool:
@@ -58,85 +80,104 @@ def is_private(resource: str) -> bool:
     return resource.startswith(CONSUMER_PREFIX)
 
 
+def lane_of(resources: Iterable[str]) -> str:
+    """The lane of a waiter: its shared resources, sorted, comma-joined."""
+    return ",".join(sorted(r for r in resources if not is_private(r)))
+
+
+def lane_open(lane: str, held: Mapping[str, int], limit_of: Callable[[str], int]) -> bool:
+    """False when a shared resource of ``lane`` is full before the pass: nobody of the
+    lane can be granted in it, so a store need not read the lane at all."""
+    return all(held.get(r, 0) < limit_of(r) for r in lane.split(",") if r)
+
+
+def rank_of(priority: str, ages_at: float, now: float) -> int:
+    """The class rank at ``now``: a batch waiter ranks as interactive from ``ages_at``."""
+    return 0 if priority == INTERACTIVE or ages_at <= now else RANK[BATCH]
+
+
 def plan_grants(
-    waiters: Iterable[tuple[K, Sequence[str]]],
+    lanes: Iterable[Iterable[Entry[K]]],
     held: Mapping[str, int],
     limit_of: Callable[[str], int],
-    *,
-    all_need: str | None = None,
 ) -> list[K]:
-    """Return the keys of the waiters to grant now, oldest first (see module doc).
+    """Return the keys of the waiters to grant now, best rank first (see module doc).
 
-    The rule's pass is repeated over the waiters left until it grants nothing new: a
-    grant late in a pass can fill the consumer of an earlier waiter that held a place
-    in line at (3); that waiter can no longer be served now, so the next pass skips it
-    at (1) and its place goes to whoever can use it (else a slot would stay idle while
-    a waiter could take it, SPEC 4.5 property 5). Each pass applies the rule to the
-    state the last one left, so the result keeps every property of one pass.
-
-    ``all_need`` is a resource that the caller knows *every* waiter needs (the pool's
-    requests all need ``backend:global``). Once its count — held, granted in this pass
-    and set aside by (3) — reaches its limit, no later waiter can be granted and
-    nothing later can change what the pass returns, so the pass stops there: a
-    hand-off costs O(limit), not O(waiters), however long the queue. ``waiters`` may
-    be a lazy iterable; it is read once, not past the furthest point a pass reaches.
+    ``lanes`` are the waiters grouped so that each group is in rank order (``Order``)
+    and a blocked waiter blocks the rest of its group: a lane, or one class of a lane.
+    Each may be a lazy iterable; it is read no further than its first waiter blocked
+    on a shared resource.
     """
-    source = iter(waiters)
-    read: list[tuple[K, Sequence[str]]] = []
-
-    def queue() -> Iterator[tuple[K, Sequence[str]]]:
-        yield from read
-        for item in source:
-            read.append(item)
-            yield item
-
-    base = dict(held)
-    granted: list[K] = []
-    while True:
-        new, stale = _one_pass(queue(), base, limit_of, all_need, set(granted))
-        granted.extend(new)
-        if not stale:
-            return granted
-        fresh = set(new)
-        for key, resources in read:
-            if key in fresh:
-                for r in resources:
-                    base[r] = base.get(r, 0) + 1
-
-
-def _one_pass(
-    waiters: Iterable[tuple[K, Sequence[str]]],
-    held: Mapping[str, int],
-    limit_of: Callable[[str], int],
-    all_need: str | None,
-    done: set[K],
-) -> tuple[list[K], bool]:
-    """One pass of the rule over the waiters not in ``done``: (the keys it grants,
-    whether a place held at (3) went stale, i.e. its consumer filled up later on)."""
     counts = dict(held)
+    heads: list[tuple[Order, int, Entry[K], Iterator[Entry[K]]]] = []
+    for number, lane in enumerate(lanes):
+        items = iter(lane)
+        first = next(items, None)
+        if first is not None:
+            heads.append((first[2], number, first, items))
+    heapq.heapify(heads)
     granted: list[K] = []
-    claims: list[Sequence[str]] = []  # resources of the waiters holding a place
-    full_at = UNLIMITED if all_need is None else limit_of(all_need)
-    for key, resources in waiters:
-        if key in done:
-            continue
-        if all_need is not None and counts.get(all_need, 0) >= full_at:
-            break
-        if any(is_private(r) and counts.get(r, 0) >= limit_of(r) for r in resources):
-            continue
-        if all(counts.get(r, 0) < limit_of(r) for r in resources):
+    while heads:
+        _, number, (key, resources, _order), items = heapq.heappop(heads)
+        if any(not is_private(r) and counts.get(r, 0) >= limit_of(r) for r in resources):
+            continue  # (1) blocked on a shared resource: so is the rest of its lane
+        if all(counts.get(r, 0) < limit_of(r) for r in resources):  # (2)
             for r in resources:
                 counts[r] = counts.get(r, 0) + 1
             granted.append(key)
-        else:
-            claims.append(resources)
-            for r in resources:
-                if not is_private(r):
-                    counts[r] = counts.get(r, 0) + 1
-    stale = any(
-        is_private(r) and counts.get(r, 0) >= limit_of(r) for res in claims for r in res
-    )
-    return granted, stale and bool(granted)
+        # else: (1) held back by its own consumer limit only: no place anywhere
+        following = next(items, None)
+        if following is not None:
+            heapq.heappush(heads, (following[2], number, following, items))
+    return granted
+
+
+def queue_positions(
+    waiters: Iterable[Entry[K]],
+    held: Mapping[str, int],
+    limit_of: Callable[[str], int],
+    wanted: Iterable[K],
+) -> dict[K, int]:
+    """1-based positions of the ``wanted`` waiters, counting who is actually ahead.
+
+    ``v`` is ahead of ``w`` when it ranks before ``w`` and every shared resource that
+    blocks ``v`` (is full now) also blocks ``w``: a waiter blocked by another Space, or
+    held back by its own consumer limit only, is not ahead. ``waiters`` in any order.
+    """
+    targets = set(wanted)
+    seen: dict[frozenset[str], int] = {}  # blocked sets of the waiters ranked before
+    positions: dict[K, int] = {}
+    for key, resources, _order in sorted(waiters, key=lambda entry: entry[2]):
+        blocked = frozenset(r for r in resources
+                            if not is_private(r) and held.get(r, 0) >= limit_of(r))  # fmt: skip
+        if key in targets:
+            positions[key] = 1 + sum(n for s, n in seen.items() if s <= blocked)
+        if blocked:
+            seen[blocked] = seen.get(blocked, 0) + 1
+    return positions
+
+
+def newcomer_position(
+    lanes: Iterable[tuple[str, int, int]],
+    lane: str,
+    rank: int,
+    held: Mapping[str, int],
+    limit_of: Callable[[str], int],
+) -> int:
+    """:func:`queue_positions` of a waiter that arrived last, from the lanes' sizes
+    (``(lane, class rank, waiters)``, the newcomer not counted): O(lanes), not
+    O(waiters). Every waiter of a lane is blocked by the same full resources."""
+
+    def blocked(key: str) -> frozenset[str]:
+        return frozenset(r for r in key.split(",") if r and held.get(r, 0) >= limit_of(r))
+
+    mine = blocked(lane)
+    ahead = 0
+    for key, their_rank, count in lanes:
+        theirs = blocked(key)
+        if their_rank <= rank and theirs and theirs <= mine:
+            ahead += count
+    return 1 + ahead
 
 
 def estimate_wait_s(position: int, capacity: int, mean_hold_s: float) -> float:

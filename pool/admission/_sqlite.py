@@ -4,7 +4,8 @@ This is the embedded default, safe when ``uvicorn --workers N`` runs several
 processes. The whole fleet state lives in the file::
 
     limits(resource, lim)                         a name or a prefix ("consumer:")
-    waiters(seq AUTOINCREMENT, id, owner, resources, ttl_s, enqueued_at, expires_at)
+    waiters(seq AUTOINCREMENT, id, owner, resources, ttl_s, enqueued_at, expires_at,
+            lane, rank, ages_at)                  lane, class: see _rule (issue 18)
     leases(id, owner, resources, ttl_s, granted_at, expires_at)
     stats(key, value)                             mean_hold_s (EWMA over releases)
     secret(id = 1, key)                           created once, read by everyone
@@ -21,8 +22,9 @@ Why it is shaped this way:
 * **Every decision inside the write lock.** Every mutation (enqueue, release,
   withdraw, set_limits, drop) runs in a ``BEGIN IMMEDIATE`` transaction: it applies
   the change, deletes expired leases and waiters, then runs :func:`plan_grants` over
-  the waiters in ``seq`` order with the held counts of the live leases and turns the
-  winners' rows into leases (same id). The write lock is the fleet's critical
+  the waiters' lanes (one cursor per lane and class, in ``seq`` order, read no
+  further than the lane's first blocked waiter) with the held counts of the live
+  leases and turns the winners' rows into leases (same id). The write lock is the fleet's critical
   section; ``plan_grants`` has no ``await`` and no I/O.
 * **Whoever commits, grants.** The process that frees a slot hands it to the head
   waiter whatever process that waiter belongs to; the owner discovers the lease on
@@ -72,13 +74,14 @@ import asyncio
 import contextlib
 import json
 import logging
+import math
 import os
 import queue
 import secrets
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, TypeVar, cast
 from urllib.parse import parse_qs, urlsplit
@@ -91,7 +94,19 @@ from ._lease_keeper import (
     Withdrawn,
 )
 from ._protocol import AdmissionSnapshot, StoreUnavailable, new_id
-from ._rule import GLOBAL_RESOURCE, limit_lookup, plan_grants
+from ._rule import (
+    BATCH,
+    INTERACTIVE,
+    RANK,
+    Entry,
+    lane_of,
+    lane_open,
+    limit_lookup,
+    newcomer_position,
+    plan_grants,
+    queue_positions,
+    rank_of,
+)
 from ._sqlite_values import SCHEMA as VALUES_SCHEMA
 from ._sqlite_values import SQLiteValues
 
@@ -112,7 +127,10 @@ _SCHEMA = (
         resources TEXT NOT NULL,
         ttl_s REAL NOT NULL,
         enqueued_at REAL NOT NULL,
-        expires_at REAL NOT NULL)""",
+        expires_at REAL NOT NULL,
+        lane TEXT NOT NULL DEFAULT '',
+        rank INTEGER NOT NULL DEFAULT 0,
+        ages_at REAL NOT NULL DEFAULT 0)""",
     "CREATE INDEX IF NOT EXISTS waiters_expiry ON waiters(expires_at)",
     """CREATE TABLE IF NOT EXISTS leases (
         id TEXT PRIMARY KEY,
@@ -296,8 +314,18 @@ class _SQLiteStore:
     async def _read(self, body: Callable[[sqlite3.Connection], T]) -> T:
         return await self._submit(lambda conn, _now: body(conn), "read")
 
-    async def enqueue(self, waiter_id: str, resources: tuple[str, ...]) -> StoreView:
-        return await self._transact(lambda c, now: self._enqueue(c, now, waiter_id, resources))
+    async def enqueue(
+        self,
+        waiter_id: str,
+        resources: tuple[str, ...],
+        *,
+        priority: str = INTERACTIVE,
+        ages_after_s: float = 60.0,
+    ) -> StoreView:
+        rank = RANK[priority]
+        return await self._transact(
+            lambda c, now: self._enqueue(c, now, waiter_id, resources, (rank, ages_after_s))
+        )
 
     async def withdraw(self, waiter_id: str, *, keep: bool) -> Withdrawn:
         return await self._transact(lambda c, now: self._withdraw(c, now, waiter_id, keep))
@@ -481,10 +509,11 @@ class _SQLiteStore:
                 (key,),
             ).fetchone():
                 conn.execute(
-                    "INSERT INTO waiters (id, owner, resources, ttl_s, enqueued_at, expires_at)"
-                    " VALUES (?, ?, ?, ?, ?, ?)",
-                    (key, self._owner, json.dumps(resources), ttl, now, now + ttl),
-                )
+                    "INSERT INTO waiters (id, owner, resources, ttl_s, enqueued_at, expires_at,"
+                    " lane) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                    (key, self._owner, json.dumps(resources), ttl, now, now + ttl,
+                     lane_of(resources)),
+                )  # fmt: skip  (re-registered as interactive: the class is not kept)
         self._reset_pending = False
         return refused
 
@@ -497,12 +526,12 @@ class _SQLiteStore:
         self,
         conn: sqlite3.Connection,
         now: float,
-        newcomer: tuple[str, tuple[str, ...]] | None = None,
+        newcomer: tuple[str, tuple[str, ...], int] | None = None,
     ) -> set[str]:
         """Reclaim expired entries, then the grant pass; returns the ids won by our owner.
 
-        ``newcomer`` is a waiter not yet in the table that queues behind everybody:
-        granted, it becomes a lease without ever being a waiter row.
+        ``newcomer`` (id, resources, class rank) is a waiter not yet in the table that
+        arrives after everybody: granted, it becomes a lease without being a waiter row.
         """
         _reclaim(conn, now)
         if newcomer is None and conn.execute("SELECT 1 FROM waiters LIMIT 1").fetchone() is None:
@@ -511,32 +540,23 @@ class _SQLiteStore:
             "SELECT 1 FROM meta WHERE key = 'quarantine' AND value > ?", (now,)
         ).fetchone():
             return set()  # just re-created: holders of the old file re-register first
-        # While every waiter needs backend:global, the pass stops once it is full
-        # (plan_grants' all_need), so the rows are read and parsed lazily, in order.
-        # A resource name inside the JSON list is quoted: this LIKE matches it exactly.
-        (others,) = conn.execute(
-            "SELECT COUNT(*) FROM waiters WHERE resources NOT LIKE ?",
-            (f'%{json.dumps(GLOBAL_RESOURCE)}%',),
-        ).fetchone()
-        all_need = None
-        if others == 0 and (newcomer is None or GLOBAL_RESOURCE in newcomer[1]):
-            all_need = GLOBAL_RESOURCE
         owners: dict[str, str] = {}
-        rows = conn.execute("SELECT id, owner, resources FROM waiters ORDER BY seq")
-
-        def queue() -> Iterable[tuple[str, tuple[str, ...]]]:
-            for key, owner, res in rows:
-                owners[key] = owner
-                yield key, tuple(json.loads(res))
-            if newcomer is not None:
-                owners[newcomer[0]] = self._owner
-                yield newcomer
-
+        cursors: list[sqlite3.Cursor] = []
+        held, limit_of = _held(conn, now), limit_lookup(_limits(conn))
+        lanes: list[Iterable[Entry[str]]] = [
+            _lane_rows(conn, lane, rank, now, owners, cursors)
+            for lane in _lanes(conn)
+            if lane_open(lane, held, limit_of)
+            for rank in RANK.values()
+        ]
+        if newcomer is not None:
+            owners[newcomer[0]] = self._owner
+            lanes.append([(newcomer[0], newcomer[1], (newcomer[2], math.inf))])
         try:
-            limit_of = limit_lookup(_limits(conn))
-            granted = plan_grants(queue(), _held(conn, now), limit_of, all_need=all_need)
+            granted = plan_grants(lanes, held, limit_of)
         finally:
-            rows.close()
+            for cursor in cursors:
+                cursor.close()
         mine: set[str] = set()
         for key in granted:
             if newcomer is not None and key == newcomer[0]:
@@ -557,35 +577,44 @@ class _SQLiteStore:
         return mine
 
     def _enqueue(
-        self, conn: sqlite3.Connection, now: float, key: str, resources: tuple[str, ...]
+        self,
+        conn: sqlite3.Connection,
+        now: float,
+        key: str,
+        resources: tuple[str, ...],
+        priority: tuple[int, float],
     ) -> StoreView:
+        rank, ages_after_s = priority
         _reclaim(conn, now)
         if _is_gone(conn, now, key):  # a late enqueue of a withdrawn id (issue 22)
             return StoreView()
-        mine = self._grant(conn, now, (key, resources))
+        mine = self._grant(conn, now, (key, resources, rank_of_row(rank, now + ages_after_s, now)))
         if key in mine:
             return StoreView(granted=frozenset(mine))
         conn.execute(
-            "INSERT INTO waiters (id, owner, resources, ttl_s, enqueued_at, expires_at)"
-            " VALUES (?, ?, ?, ?, ?, ?)",
-            (key, self._owner, json.dumps(resources), self._ttl, now, now + self._ttl),
+            "INSERT INTO waiters (id, owner, resources, ttl_s, enqueued_at, expires_at, lane,"
+            " rank, ages_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (key, self._owner, json.dumps(resources), self._ttl, now, now + self._ttl,
+             lane_of(resources), rank, now + ages_after_s),
+        )  # fmt: skip
+        sizes = conn.execute(
+            "SELECT lane, rank, COUNT(*) - (lane = ?1 AND rank = ?2) FROM waiters"
+            " WHERE rank <= ?2 GROUP BY lane, rank",
+            (lane_of(resources), rank),
         )
-        (position,) = conn.execute("SELECT COUNT(*) FROM waiters").fetchone()
+        held, limits = _held(conn, now), _limits(conn)
+        position = newcomer_position(sizes, lane_of(resources), rank, held, limit_lookup(limits))
         return StoreView(
             granted=frozenset(mine),
             positions={key: position},
-            limits=_limits(conn),
+            limits=limits,
             mean_hold_s=_mean_hold(conn),
         )
 
     def _withdraw(self, conn: sqlite3.Connection, now: float, key: str, keep: bool) -> Withdrawn:
-        row = conn.execute("SELECT seq FROM waiters WHERE id = ?", (key,)).fetchone()
-        position = 0
+        position = _positions(conn, now, [key]).get(key, 0)
         granted = False
-        if row is not None:
-            (position,) = conn.execute(
-                "SELECT COUNT(*) FROM waiters WHERE seq <= ?", (row[0],)
-            ).fetchone()
+        if position:
             conn.execute("DELETE FROM waiters WHERE id = ?", (key,))
         elif conn.execute("SELECT 1 FROM leases WHERE id = ?", (key,)).fetchone() is not None:
             granted = True
@@ -625,16 +654,9 @@ class _SQLiteStore:
         if now < self._next_positions:
             return StoreView(granted=frozenset(mine))
         self._next_positions = now + _POSITIONS_EVERY_S
-        positions: dict[str, int] = dict(
-            conn.execute(
-                "SELECT w.id, (SELECT COUNT(*) FROM waiters AS x WHERE x.seq <= w.seq)"
-                f" FROM waiters AS w WHERE w.id IN {_IDS}",
-                (ids,),
-            )
-        )
         return StoreView(
             granted=frozenset(mine),
-            positions=positions,
+            positions=_positions(conn, now, waiting),
             limits=_limits(conn),
             mean_hold_s=_mean_hold(conn),
         )
@@ -681,15 +703,17 @@ class _SQLiteStore:
                     (now,),
                 )
             )
-            (waiting,) = conn.execute(
-                "SELECT COUNT(*) FROM waiters WHERE expires_at >= ?", (now,)
+            waiting, batch = conn.execute(
+                "SELECT COUNT(*), COALESCE(SUM(rank), 0) FROM waiters WHERE expires_at >= ?",
+                (now,),
             ).fetchone()
             limits = _limits(conn)
         finally:
             conn.execute("COMMIT")
         return AdmissionSnapshot(
-            held=held, queued=queued, limits=limits, waiting=waiting, store=self.name
-        )
+            held=held, queued=queued, limits=limits, waiting=waiting, store=self.name,
+            batch_waiting=batch,
+        )  # fmt: skip
 
 
 def _write(conn: sqlite3.Connection, body: Callable[[sqlite3.Connection, float], T]) -> T:
@@ -745,6 +769,14 @@ def _settle(outcomes: list[tuple[_Job, bool, Any]]) -> None:
 def _create_schema(conn: sqlite3.Connection, _now: float) -> None:
     for statement in _SCHEMA:
         conn.execute(statement)
+    # A file made before issue 18 lacks the waiters' lane and class: add them.
+    columns = {row[1] for row in conn.execute("PRAGMA table_info(waiters)")}
+    for column, kind in (("lane", "TEXT NOT NULL DEFAULT ''"),
+                         ("rank", "INTEGER NOT NULL DEFAULT 0"),
+                         ("ages_at", "REAL NOT NULL DEFAULT 0")):  # fmt: skip
+        if column not in columns:
+            conn.execute(f"ALTER TABLE waiters ADD COLUMN {column} {kind}")
+    conn.execute("CREATE INDEX IF NOT EXISTS waiters_lane ON waiters(lane, rank, seq)")
 
 
 def _held(conn: sqlite3.Connection, now: float) -> dict[str, int]:
@@ -755,6 +787,51 @@ def _held(conn: sqlite3.Connection, now: float) -> dict[str, int]:
             (now,),
         )
     )
+
+
+# -- lanes and classes (issue 18; see pool/admission/_rule.py) ------------------------------
+def _lanes(conn: sqlite3.Connection) -> Iterator[str]:
+    """The lanes with waiters, one index seek each (flat in the queue length)."""
+    (lane,) = conn.execute("SELECT MIN(lane) FROM waiters").fetchone()
+    while lane is not None:
+        yield lane
+        (lane,) = conn.execute("SELECT MIN(lane) FROM waiters WHERE lane > ?", (lane,)).fetchone()
+
+
+def _lane_rows(
+    conn: sqlite3.Connection,
+    lane: str,
+    rank: int,
+    now: float,
+    owners: dict[str, str],
+    cursors: list[sqlite3.Cursor],
+) -> Iterator[Entry[str]]:
+    """One class of one lane, in arrival order, read lazily (plan_grants stops early)."""
+    rows = conn.execute(
+        "SELECT id, owner, resources, ages_at, seq FROM waiters WHERE lane = ? AND rank = ?"
+        " ORDER BY seq",
+        (lane, rank),
+    )
+    cursors.append(rows)
+    for key, owner, res, ages_at, seq in rows:
+        owners[key] = owner
+        yield key, tuple(json.loads(res)), (rank_of_row(rank, ages_at, now), seq)
+
+
+def rank_of_row(rank: int, ages_at: float, now: float) -> int:
+    """A row's class rank at ``now`` (:func:`~pool.admission._rule.rank_of`)."""
+    return rank_of(BATCH if rank else INTERACTIVE, ages_at, now)
+
+
+def _positions(conn: sqlite3.Connection, now: float, wanted: Sequence[str]) -> dict[str, int]:
+    """Positions counting who is actually ahead (:func:`queue_positions`)."""
+    if not wanted:
+        return {}
+    rows = conn.execute("SELECT id, lane, rank, ages_at, seq FROM waiters")
+    # The lane is the waiter's shared resources: all that positions look at.
+    entries = [(key, lane.split(","), (rank_of_row(rank, ages_at, now), seq))
+               for key, lane, rank, ages_at, seq in rows]  # fmt: skip
+    return queue_positions(entries, _held(conn, now), limit_lookup(_limits(conn)), wanted)
 
 
 def _limits(conn: sqlite3.Connection) -> dict[str, int]:

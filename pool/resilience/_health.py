@@ -9,6 +9,10 @@ clock several hosts share.
 Window (AIMD, seed 004): start at ``initial``; +1 after ``grow_after`` successes in a
 row; halve on a provider failure; floor 1; ceiling = min(Space max, resource cap,
 logical limit). Caller errors and policy refusals are *neutral*: they move nothing.
+The Space's own queue is a signal too: a call that waited behind another in it
+(``congested``: -1) or a "Queue is full" (``refused``: halved) holds growth one below
+the window it happened at for ``HOLD_S``, so the window settles at the Space's real
+concurrency instead of piling calls into its queue (see docs/hub.md).
 
 Breaker states, one line each::
 
@@ -30,7 +34,10 @@ from dataclasses import dataclass
 from typing import Literal
 
 BreakerState = Literal["closed", "open", "half_open"]
-Outcome = Literal["success", "failure", "neutral"]
+# congested: served, but only after waiting behind others in the Space's own queue;
+# refused: a provider failure that says the Space's queue is full ("Queue is full").
+Outcome = Literal["success", "failure", "neutral", "congested", "refused"]
+HOLD_S = 60.0  # how long a growth hold lasts after the Space's queue pushed back
 
 
 @dataclass(frozen=True)
@@ -63,6 +70,10 @@ class SpaceHealth:
     woke_at: float = 0.0
     paused: bool = False
     last_active: float = 0.0
+    # The Space's own queue pushed back (congested/refused): the window may not grow
+    # above ``held_at`` until ``held_until``; a closing breaker or a wake lifts it.
+    held_at: int = 0
+    held_until: float = 0.0
 
     # -- predicates ---------------------------------------------------------------------
     def waking(self, now: float) -> bool:
@@ -77,6 +88,13 @@ class SpaceHealth:
         if self.breaker == "open":
             return now >= self.open_until
         return self.breaker == "half_open" and now >= self.probe_until
+
+    def held(self, now: float) -> bool:
+        """Growth is held at ``held_at`` (the Space's queue pushed back lately)."""
+        return now < self.held_until
+
+    def growth_limit(self, now: float) -> int:
+        return min(self.ceiling, self.held_at) if self.held(now) else self.ceiling
 
     def retry_after(self, now: float) -> float:
         """Seconds until this Space may take work again (0 if it may now)."""
@@ -118,6 +136,19 @@ class SpaceHealth:
 def record(h: SpaceHealth, outcome: Outcome, now: float, p: HealthParams) -> SpaceHealth:
     """The record after one finished request."""
     h = dataclasses.replace(h, last_active=now)
+    if outcome == "congested":
+        if h.breaker != "closed":  # served: the Space is alive (recovery as a success)
+            return record(h, "success", now, p)
+        # Waited behind others in the Space's queue: our calls exceed its concurrency.
+        # Step back by one and hold growth there while the signal persists.
+        window = max(1, h.window - 1)
+        return dataclasses.replace(h, streak=0, failures=0, window=window,
+                                   held_at=window, held_until=now + HOLD_S)  # fmt: skip
+    if outcome == "refused":
+        after = record(h, "failure", now, p)
+        if after is h or after.breaker != "closed":
+            return after  # booting (nothing moves), or the breaker decides now
+        return dataclasses.replace(after, held_at=max(1, h.window - 1), held_until=now + HOLD_S)
     if outcome == "neutral":
         # The Space answered (or nothing was sent): no signal about its capacity, but a
         # probe held for it is done.
@@ -126,11 +157,11 @@ def record(h: SpaceHealth, outcome: Outcome, now: float, p: HealthParams) -> Spa
         if h.breaker != "closed":
             return dataclasses.replace(
                 h, breaker="closed", window=1, streak=0, failures=0,
-                probe_until=0.0, transitions=h.transitions + 1,
+                probe_until=0.0, transitions=h.transitions + 1, held_until=0.0,
             )  # fmt: skip
         streak, window = h.streak + 1, h.window
         if streak >= p.grow_after:
-            streak, window = 0, min(window + 1, h.ceiling)
+            streak, window = 0, max(window, min(window + 1, h.growth_limit(now)))
         return dataclasses.replace(
             h, streak=streak, failures=0, window=window, peak=max(h.peak, window)
         )
@@ -167,7 +198,7 @@ def end_wake(h: SpaceHealth, now: float) -> SpaceHealth:
     """The Space answers: awake since now, breaker and window start afresh."""
     return dataclasses.replace(
         h, wake_until=0.0, woke_at=now, paused=False, failures=0, breaker="closed",
-        open_until=0.0, probe_until=0.0, last_active=now,
+        open_until=0.0, probe_until=0.0, last_active=now, held_until=0.0,
     )  # fmt: skip
 
 

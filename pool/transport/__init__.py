@@ -43,8 +43,8 @@ from ._events import (
 )
 from ._feed import Feed
 from ._files import Downloaded, Redirected, TooLarge, download_to, file_url, safe_name
-from ._session import EVENTS_KEEP, Call, CallCancelled, Session, SessionDropped
-from ._space import ShortBody, SpaceTransport
+from ._session import EVENTS_KEEP, Call, CallCancelled, Relay, Session, SessionDropped
+from ._space import RateLimited, ShortBody, SpaceTransport
 
 __all__ = [
     "EVENTS_KEEP",
@@ -57,7 +57,9 @@ __all__ = [
     "Feed",
     "ProgressUnit",
     "ProtocolNotSupported",
+    "RateLimited",
     "Redirected",
+    "Relay",
     "Session",
     "SessionDropped",
     "ShortBody",

@@ -28,7 +28,7 @@ import asyncio
 import contextlib
 import json
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import httpx
@@ -37,10 +37,19 @@ from gradio_client.exceptions import AppError, ValidationError
 from httpx_sse import aconnect_sse
 
 from ._app import DIFF_PROTOCOLS, AppInfo, Endpoint, bind_args, shape_output
-from ._events import UpstreamDone, UpstreamEvent, UpstreamPartial, status_event
+from ._events import (
+    UpstreamDone,
+    UpstreamEvent,
+    UpstreamPartial,
+    UpstreamQueued,
+    UpstreamStarted,
+    status_event,
+)
 from ._feed import Feed
 from ._space import SpaceTransport
 
+Relay = Callable[[dict[str, Any]], None]
+"""Gets every raw queue message of one call (``Session.join_data``)."""
 EVENTS_KEEP = 256  # events kept per call for a reader that falls behind
 _READER_END_S = 0.5  # closing: how long an idle reader may take to see its stream end
 
@@ -93,6 +102,34 @@ class Session:
         call._task.add_done_callback(lambda _: self._all.discard(call))
         return call
 
+    async def join_data(
+        self,
+        fn_index: int,
+        data: list[Any],
+        *,
+        headers: Mapping[str, str] | None = None,
+        relay: Relay | None = None,
+    ) -> Call:
+        """Join a call of ``fn_index`` with its wire ``data`` as a client sent it (a
+        relay: no argument binding; local files among it uploaded first) and return it
+        once the Space named it. ``relay(msg)`` gets each raw message of the call as it
+        arrives. The join's errors (503 ``QueueError``, ``ValidationError``, httpx's)
+        are raised here; KeyError for an unknown ``fn_index``."""
+        if self.closed:
+            raise RuntimeError("session closed")
+        call = Call(self, self.app.endpoints[fn_index], list(data), dict(headers or {}), 1)
+        call.relay = relay
+        self._all.add(call)
+        call.result.add_done_callback(lambda _: self._all.discard(call))
+        try:
+            sent = await call._upload(call._data)
+            call.event_id = await self._join(call, sent)
+        except BaseException as exc:
+            call._fail(exc if isinstance(exc, Exception) else SessionDropped("cancelled"))
+            raise
+        self._register(call)
+        return call
+
     # -- wire requests -------------------------------------------------------------------
     async def _join(self, call: Call, data: list[Any]) -> str:
         body = {"data": data, "fn_index": call.endpoint.fn_index, "session_hash": self.hash,
@@ -103,6 +140,8 @@ class Session:
                                               headers=headers)  # fmt: skip
         if response.status_code == 503:
             raise utils.QueueError("Queue is full! Please try again.")
+        if response.status_code == 429:  # the Hub's rate limit, in front of the Space
+            raise self.space.rate_limited(response)
         if response.status_code == 422:
             await response.aread()
             if (message := utils.extract_validation_message(response)) is not None:
@@ -238,7 +277,14 @@ class Call:
         self.outputs = Feed(keep)
         self.events = Feed(EVENTS_KEEP)
         self._diffed: list[Any] | None = None
+        self.relay: Relay | None = None  # every raw message, for a relay (join_data)
         self._cancel_requested = False
+        # The Space's own queue as this call saw it before it started (``estimation``:
+        # every joined event gets one, rank 0 = next, even one that starts at once;
+        # gradio/queueing.py ``broadcast_estimations``): the highest rank and its size.
+        self.queue_rank: int | None = None
+        self.queue_size: int | None = None
+        self.started = False
         self.cancel_confirmed = False  # the Space answered a cancel of it (2xx)
         self.ended = False  # the Space sent its last message (it runs no more)
         self._task: asyncio.Task[None] | None = None
@@ -325,9 +371,12 @@ class Call:
 
     def _on_message(self, msg: dict[str, Any]) -> bool:
         """Handle one message of this call; True when it was the last."""
+        if self.relay is not None:
+            self.relay(msg)
         kind = msg.get("msg")
         event = status_event(msg)
         if event is not None:
+            self._note_queue(event)
             self._event(event)
             return False
         if kind in ("process_generating", "process_streaming"):
@@ -347,6 +396,15 @@ class Call:
             self._fail(SessionDropped(str(msg.get("message") or kind)))
             return True
         return False
+
+    def _note_queue(self, event: UpstreamEvent) -> None:
+        if isinstance(event, UpstreamStarted):
+            self.started = True
+        elif (
+            isinstance(event, UpstreamQueued) and not self.started and event.rank is not None
+            and (self.queue_rank is None or event.rank >= self.queue_rank)
+        ):  # fmt: skip
+            self.queue_rank, self.queue_size = event.rank, event.queue_size
 
     def _apply_diff(self, kind: Any, data: list[Any]) -> list[Any]:
         """Partial outputs after the first are diffs on sse_v2+ (gradio_client

@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import email.utils
 import os
 import ssl
+import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -29,6 +31,31 @@ _CONNS_PER_SESSION = 3
 # Failures of a request that reused a kept-alive connection the server had closed:
 # the request never reached it, so it is safe to send again on a fresh connection.
 _STALE = (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError)
+
+
+class RateLimited(utils.TooManyRequestsError):  # type: ignore[misc]
+    """The Hub answered 429 (gradio_client raises ``TooManyRequestsError`` there);
+    ``retry_after_s``: the wait its ``Retry-After`` header names, if any."""
+
+    def __init__(self, retry_after_s: float | None) -> None:
+        super().__init__("Too many requests to the API (429).")
+        self.retry_after_s = retry_after_s
+
+
+def retry_after(response: httpx.Response) -> float | None:
+    """The ``Retry-After`` of ``response`` in seconds (delta-seconds or an HTTP date)."""
+    raw = response.headers.get("retry-after", "").strip()
+    if not raw:
+        return None
+    try:
+        return max(0.0, float(raw))
+    except ValueError:
+        pass
+    try:
+        when = email.utils.parsedate_to_datetime(raw)
+    except (TypeError, ValueError):
+        return None
+    return max(0.0, when.timestamp() - time.time())
 
 
 class ShortBody(Exception):
@@ -67,6 +94,7 @@ class SpaceTransport:
         )
         self._app: AppInfo | None = None
         self._loading: asyncio.Lock | None = None
+        self._limited_until = 0.0  # monotonic: a 429's Retry-After, no /config before
 
     @property
     def app(self) -> AppInfo | None:
@@ -79,6 +107,9 @@ class SpaceTransport:
         if self._loading is None:
             self._loading = asyncio.Lock()
         async with self._loading:
+            wait = self._limited_until - time.monotonic()
+            if wait > 0:  # honour the Hub's Retry-After: no request until it passed
+                raise RateLimited(wait)
             app = self._app
             if app is not None:
                 response = await self.http.get(app.url("app_id"))
@@ -95,13 +126,21 @@ class SpaceTransport:
         if response.status_code == 401:
             raise AuthenticationError(f"Could not load {self.src}: credentials needed.")
         if response.status_code == 429:
-            raise utils.TooManyRequestsError("Too many requests to the API.")
+            raise self.rate_limited(response)
         response.raise_for_status()
         config = response.json()
         app = AppInfo(self.src, config, {})  # ProtocolNotSupported before asking for more
         info = await self.http.get(app.url(utils.RAW_API_INFO_URL))
         info.raise_for_status()
         return AppInfo(self.src, config, info.json())
+
+    def rate_limited(self, response: httpx.Response) -> RateLimited:
+        """The error for a 429; its Retry-After also holds back this Space's next
+        ``/config`` (gradio_client ``TooManyRequestsError``; no reconnect storm)."""
+        wait = retry_after(response)
+        if wait:
+            self._limited_until = max(self._limited_until, time.monotonic() + wait)
+        return RateLimited(wait)
 
     async def upload(
         self, path: str, headers: Mapping[str, str], max_file_size: int | None,

@@ -50,18 +50,20 @@ async def test_a_full_resource_times_out_the_next_request(coord: Coordinator) ->
 
 
 async def test_a_waiter_holds_nothing_until_it_holds_everything(coord: Coordinator) -> None:
-    """All-or-nothing: a waiter short of one resource holds none, but keeps its place."""
+    """All-or-nothing: a waiter short of one resource holds none, and claims nothing on
+    the resources that do not block it (the work-conserving rule, issue 18)."""
     await coord.set_limits({A: 1, B: 1})
     b = await coord.acquire([B], timeout=1)
     both, _ = await queue(coord, [A, B])
     snap = await coord.snapshot()
     assert snap.held == {B: 1}
     assert snap.queued == {A: 1, B: 1}
-    with pytest.raises(BusyError):  # A is free, but the earlier waiter's place on it is kept
-        await coord.acquire([A], timeout=0)
-    other = await coord.acquire(["space:unrelated"], timeout=0)  # nobody waits for this one
-    await coord.release(other)
+    only_a = await coord.acquire([A], timeout=0)  # A is free and the waiter is blocked on B
     await coord.release(b)
+    await settle()
+    assert not both.done(), "B is free now, but A is not: still nothing held"
+    assert (await coord.snapshot()).held == {A: 1}
+    await coord.release(only_a)
     lease = await both
     assert (await coord.snapshot()).held == {A: 1, B: 1}
     await coord.release(lease)
@@ -99,19 +101,20 @@ async def test_a_later_waiter_never_takes_a_slot_an_earlier_one_is_short_of(
 
 
 async def test_free_slots_of_other_resources_are_used(coord: Coordinator) -> None:
-    """Work-conserving within FIFO: slots beyond earlier waiters' places go to later ones."""
+    """Work-conserving (a): a waiter blocked by its Space holds no global slot, so other
+    Spaces use every free one; the Space's release then serves it (property (c))."""
     await coord.set_limits({GLOBAL: 3, A: 1})
     holder = await coord.acquire([GLOBAL, A], timeout=1)
-    waiting_a, _ = await queue(coord, [GLOBAL, A])  # short of A: holds a place on global
-    other = await coord.acquire([GLOBAL, B], timeout=0)  # the third global slot is free
-    with pytest.raises(BusyError):  # no global slot left beyond the earlier waiter's place
+    waiting_a, _ = await queue(coord, [GLOBAL, A])  # short of A only
+    others = [await coord.acquire([GLOBAL, B], timeout=0) for _ in range(2)]
+    with pytest.raises(BusyError):  # the global resource is full now
         await coord.acquire([GLOBAL, B], timeout=0)
     assert not waiting_a.done()
-    await coord.release(holder)
+    await coord.release(holder)  # frees A and a global slot together
     lease = await waiting_a
-    assert (await coord.snapshot()).held == {GLOBAL: 2, A: 1, B: 1}
-    await coord.release(other)
-    await coord.release(lease)
+    assert (await coord.snapshot()).held == {GLOBAL: 3, A: 1, B: 2}
+    for done in [*others, lease]:
+        await coord.release(done)
 
 
 async def test_a_consumer_at_its_own_limit_does_not_delay_others(coord: Coordinator) -> None:
@@ -263,19 +266,24 @@ async def test_wait_ticket_reports_position_and_estimate(coord: Coordinator) -> 
     await coord.release(holder)
 
 
-def test_a_place_its_consumer_cannot_use_is_given_up_in_the_same_pass() -> None:
-    """plan_grants: W1 holds a place (its Space is full), a later grant fills W1's
-    consumer; W1's global place goes to W4 instead of staying idle (property 5)."""
+def test_a_waiter_blocked_by_its_space_takes_no_global_place() -> None:
+    """plan_grants: W1 is blocked by its Space only and claims nothing on the global
+    resource; W3 and W4 of another Space take the free global slots (property (a))."""
     limits = {GLOBAL: 4, A: 1, B: 5, CONSUMER_PREFIX: 1}
     held = {GLOBAL: 2, A: 1, B: 1, CONSUMER_PREFIX + "x": 1, CONSUMER_PREFIX + "y": 1}
     waiters = [
-        ("w1", (GLOBAL, A, CONSUMER_PREFIX + "c")),
-        ("w3", (GLOBAL, B, CONSUMER_PREFIX + "c")),
-        ("w4", (GLOBAL, B, CONSUMER_PREFIX + "d")),
+        ("w1", (GLOBAL, A, CONSUMER_PREFIX + "c"), (0, 1)),
+        ("w3", (GLOBAL, B, CONSUMER_PREFIX + "c"), (0, 3)),
+        ("w4", (GLOBAL, B, CONSUMER_PREFIX + "d"), (0, 4)),
+        ("w5", (GLOBAL, B, CONSUMER_PREFIX + "e"), (0, 5)),
     ]
     limit_of = limit_lookup(limits)
-    assert plan_grants(iter(waiters), held, limit_of) == ["w3", "w4"]
-    assert plan_grants(iter(waiters), held, limit_of, all_need=GLOBAL) == ["w3", "w4"]
+    lanes = [[w for w in waiters if w[1][1] == space] for space in (A, B)]
+    assert plan_grants(lanes, held, limit_of) == ["w3", "w4"]
+    # W3 batch: the interactive W4 and W5, though later, rank first and take both
+    batch = sorted(((k, r, (int(k == "w3"), o[1])) for k, r, o in waiters[1:]),
+                   key=lambda w: w[2])  # fmt: skip
+    assert plan_grants([batch], held, limit_of) == ["w4", "w5"]
 
 
 async def test_a_waiter_whose_consumer_fills_up_gives_its_place_away(coord: Coordinator) -> None:

@@ -1,29 +1,34 @@
-"""Random arrivals, releases, cancellations and timeouts, checked after every step.
+"""Random arrivals (interactive and batch), releases, cancellations, timeouts, limit
+changes and lease expiry, checked after every step.
 
 Each store runs the same random scenario as a small pure reference model of the
-grant rule; after every step the store must have granted exactly what the model
-granted, and the observed state must satisfy SPEC 4.5 properties 1–5 directly:
+grant rule (pool/admission/_rule.py); after every step the store must have granted
+exactly what the model granted, and the observed state must satisfy the rule's
+properties directly:
 
 1. safety — no resource has more holders than its limit;
 2. all-or-nothing — the store's holder counts are exactly those of the whole leases;
-3. no monopoly and 5. work conservation — a waiter that would fit is only ever held
-   back by the places earlier waiters hold in line on its shared resources (a
-   waiter blocked by its own consumer limit holds no place);
-4. FIFO — replaying a step's grants in arrival order, every waiter left waiting was
-   short of a slot at its turn, counting the places of the waiters before it: no
-   later waiter was served in its place.
+3/5/(a). work conservation, no monopoly — a waiter left waiting is short of a slot of
+   a shared resource *now*: nobody holds a place on a resource that does not block
+   it (a waiter of another Space, or one held back by its own consumer limit, never
+   keeps a free slot idle);
+4/(b). FIFO per resource, in rank order — replaying a step's grants in rank order
+   (interactive first, then arrival), a waiter left waiting was short of a shared
+   resource at its turn: no waiter ranked after it was served a resource it waits for.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import sqlite3
 import uuid
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+import redis
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -34,22 +39,23 @@ from .conftest import REDIS_URL, STORES, drop_prefix, require_redis
 from .helpers import GLOBAL, settle, until
 
 LIMITS = {GLOBAL: 2, "space:a": 1, "space:b": 2, CONSUMER_PREFIX: 1}
-ARRIVE, RELEASE, CANCEL = "arrive", "release", "cancel"
+ARRIVE, RELEASE, CANCEL, LIMIT, EXPIRE = "arrive", "release", "cancel", "limit", "expire"
 Resources = tuple[str, ...]
+Arrival = tuple[Resources, bool, str]  # resources, gives up at once, priority
 
 
-def limit_of(resource: str) -> int:
-    if resource in LIMITS:
-        return LIMITS[resource]
-    return LIMITS.get(resource.partition(":")[0] + ":", 1 << 30)
+def limit_of(resource: str, limits: dict[str, int] = LIMITS) -> int:
+    if resource in limits:
+        return limits[resource]
+    return limits.get(resource.partition(":")[0] + ":", 1 << 30)
 
 
 def private(resource: str) -> bool:
     return resource.startswith(CONSUMER_PREFIX)
 
 
-def short_of(resources: Resources, counts: Counter[str]) -> set[str]:
-    return {r for r in resources if not private(r) and counts[r] >= limit_of(r)}
+def short_of(resources: Resources, counts: Counter[str], limits: dict[str, int]) -> set[str]:
+    return {r for r in resources if not private(r) and counts[r] >= limit_of(r, limits)}
 
 
 def consumer_blocked(resources: Resources, counts: Counter[str]) -> bool:
@@ -58,36 +64,36 @@ def consumer_blocked(resources: Resources, counts: Counter[str]) -> bool:
 
 @dataclass
 class Model:
-    """The reference: a queue in arrival order, the holders, and the rule of _rule.py."""
+    """The reference: the waiters in arrival order, their class, the holders, the rule."""
 
     held: dict[int, Resources] = field(default_factory=dict)
     queue: dict[int, Resources] = field(default_factory=dict)  # insertion = arrival order
+    batch: set[int] = field(default_factory=set)
+    limits: dict[str, int] = field(default_factory=lambda: dict(LIMITS))
 
     def counts(self) -> Counter[str]:
         return Counter(r for res in self.held.values() for r in res)
 
+    def ranked(self, ids: list[int]) -> list[int]:
+        """Interactive first, then arrival (nobody ages within a test's 60 s)."""
+        return sorted(ids, key=lambda rid: (rid in self.batch, rid))
+
     def grant(self) -> set[int]:
-        """The rule's pass, repeated until it grants nothing new (a place held by a
-        waiter whose consumer a later grant filled is given up on the next pass)."""
-        granted = set[int]()
-        while True:
-            counts, new = self.counts(), set[int]()
-            for rid, res in list(self.queue.items()):
-                if consumer_blocked(res, counts):
-                    continue
-                if short_of(res, counts):
-                    counts.update(r for r in res if not private(r))  # holds its place
-                    continue
-                counts.update(res)
-                self.held[rid] = self.queue.pop(rid)
-                new.add(rid)
-            if not new:
-                return granted
-            granted |= new
+        """One pass in rank order: grant whoever fits; a waiter short of a slot takes
+        nothing (a full resource stays full for the rest of the pass)."""
+        counts, granted = self.counts(), set[int]()
+        for rid in self.ranked(list(self.queue)):
+            res = self.queue[rid]
+            if consumer_blocked(res, counts) or short_of(res, counts, self.limits):
+                continue
+            counts.update(res)
+            self.held[rid] = self.queue.pop(rid)
+            granted.add(rid)
+        return granted
 
 
 @st.composite
-def requests(draw: st.DrawFn) -> tuple[Resources, bool]:
+def requests(draw: st.DrawFn) -> Arrival:
     space = draw(st.sampled_from(["space:a", "space:b"]))
     consumer = draw(st.sampled_from([None, None, "u1", "u2"]))
     # One in five skips the global resource: the stores' grant pass stops early once
@@ -96,7 +102,8 @@ def requests(draw: st.DrawFn) -> tuple[Resources, bool]:
     resources = ((GLOBAL,) if with_global else ()) + (space,)
     resources += (CONSUMER_PREFIX + consumer,) if consumer else ()
     at_once = draw(st.integers(0, 3)) == 0  # a quarter give up at once (timeout 0)
-    return resources, at_once
+    priority = draw(st.sampled_from(["interactive", "interactive", "batch"]))
+    return resources, at_once, priority
 
 
 # Arrivals outnumber departures, so queues form and grants compete.
@@ -107,6 +114,8 @@ steps = st.lists(
         st.tuples(st.just(ARRIVE), requests()),
         st.tuples(st.just(RELEASE), st.integers(0, 7)),
         st.tuples(st.just(CANCEL), st.integers(0, 7)),
+        st.tuples(st.just(LIMIT), st.integers(1, 3)),  # backend:global's limit
+        st.tuples(st.just(EXPIRE), st.integers(0, 7)),  # a lease's holder vanishes
     ),
     min_size=10,
     max_size=40,
@@ -123,11 +132,14 @@ async def run(url: str, scenario: list[tuple[str, object]]) -> None:
         await coord.set_limits(dict(LIMITS))
         for number, (kind, arg) in enumerate(scenario):
             # 1. the model's side of the step, up to (not including) the grant pass
+            rid = -1
             if kind == ARRIVE:
                 assert isinstance(arg, tuple)
-                resources, at_once = arg
+                resources, at_once, priority = arg
                 model.queue[number] = resources
-            elif kind == RELEASE and leases:
+                if priority == "batch":
+                    model.batch.add(number)
+            elif kind in (RELEASE, EXPIRE) and leases:
                 assert isinstance(arg, int)
                 rid = sorted(leases)[arg % len(leases)]
                 del model.held[rid]
@@ -135,19 +147,26 @@ async def run(url: str, scenario: list[tuple[str, object]]) -> None:
                 assert isinstance(arg, int)
                 rid = list(model.queue)[arg % len(model.queue)]
                 del model.queue[rid]
+            elif kind == LIMIT:
+                assert isinstance(arg, int)
+                model.limits[GLOBAL] = arg
             else:
                 continue
             before, waiting_before = model.counts(), list(model.queue)
             granted = model.grant()
             # 2. the same step on the store
             if kind == ARRIVE:
-                tasks[number] = await arrive(coord, resources, at_once)
+                tasks[number] = await arrive(coord, resources, at_once, priority)
                 if at_once and number not in granted:
                     del model.queue[number]  # queued, then timed out at once
                     with pytest.raises(BusyError):
                         await tasks.pop(number)
             elif kind == RELEASE:
                 await coord.release(leases.pop(rid))
+            elif kind == EXPIRE:
+                await expire(coord, url, leases.pop(rid))
+            elif kind == LIMIT:
+                await coord.set_limits({GLOBAL: model.limits[GLOBAL]})
             else:
                 tasks[rid].cancel()
                 with contextlib.suppress(asyncio.CancelledError):
@@ -166,9 +185,30 @@ async def run(url: str, scenario: list[tuple[str, object]]) -> None:
         await coord.aclose()
 
 
-async def arrive(coord: Coordinator, resources: Resources, at_once: bool) -> asyncio.Task[Lease]:
+async def expire(coord: Coordinator, url: str, lease: Lease) -> None:
+    """The lease's deadline passes in the store (its holder stopped renewing), then any
+    store operation reclaims it: here a ``set_limits`` that changes nothing. The
+    memory store has no expiry: its holder releases."""
+    if url.startswith("memory:"):
+        await coord.release(lease)
+        return
+    if url.startswith("sqlite:"):
+        with contextlib.closing(sqlite3.connect(url.removeprefix("sqlite://").split("?")[0])) as db:
+            db.execute("UPDATE leases SET expires_at = 0 WHERE id = ?", (lease.lease_id,))
+            db.commit()
+    else:
+        prefix = url.partition("prefix=")[2]
+        with redis.Redis.from_url(REDIS_URL) as r:
+            r.zadd(prefix + "lexp", {lease.lease_id: 0})
+            r.hset(prefix + "meta", "next_expiry", 0)
+    await coord.set_limits({})
+
+
+async def arrive(
+    coord: Coordinator, resources: Resources, at_once: bool, priority: str
+) -> asyncio.Task[Lease]:
     """Start an acquire; return once the store has queued or granted it."""
-    ticket = WaitTicket()
+    ticket = WaitTicket(priority=priority)
     task = asyncio.create_task(
         coord.acquire(resources, timeout=0 if at_once else 60, ticket=ticket)
     )
@@ -189,22 +229,22 @@ async def check(
     assert set(leases) == set(model.held), "store and model granted different requests"
     assert list(tasks) == list(model.queue), "store and model disagree on who waits"
     counts = Counter(r for lease in leases.values() for r in lease.resources)
-    assert all(n <= limit_of(r) for r, n in counts.items()), "1: over a limit"
+    # 1: a grant never takes a resource past its limit (a lowered limit leaves the
+    # holders granted before it in place, so only resources granted now are checked)
+    now_granted = {r for rid in granted for r in model.held.get(rid, ())}
+    assert all(counts[r] <= limit_of(r, model.limits) for r in now_granted), "1: over a limit"
     snap = await coord.snapshot()
     assert snap.held == dict(+counts), "2: store holders differ from whole leases"
     waiting = [(rid, model.queue[rid]) for rid in tasks]
-    claimed = Counter(counts)  # slots held plus the places earlier waiters hold in line
     for rid, res in waiting:
-        if consumer_blocked(res, counts):
-            continue
-        assert short_of(res, claimed), (
-            f"3/5: waiter {rid} fits even after every earlier waiter's claim, yet waits"
-        )
-        claimed.update(r for r in res if not private(r))
-    # 4: replay this step's grants in arrival order from the counts before them: a
+        if not consumer_blocked(res, counts):
+            assert short_of(res, Counter(counts), model.limits), (
+                f"3/5/(a): waiter {rid} has a free slot on every resource, yet waits"
+            )
+    # 4/(b): replay this step's grants in rank order from the counts before them: a
     # waiter left waiting must not have fitted at its turn (nobody overtook it).
     replay = Counter(before)
-    for rid in sorted(set(waiting_before) | granted):
+    for rid in model.ranked(sorted(set(waiting_before) | granted)):
         if rid in model.held:
             res = model.held[rid]
         elif rid in model.queue:
@@ -214,10 +254,9 @@ async def check(
         if rid in granted:
             replay.update(res)
         elif not consumer_blocked(res, replay):
-            assert short_of(res, replay), (
-                f"4: waiter {rid} fitted at its turn but a later one was served"
+            assert short_of(res, replay, model.limits), (
+                f"4/(b): waiter {rid} fitted at its turn but one ranked later was served"
             )
-            replay.update(r for r in res if not private(r))  # nobody later takes its place
 
 
 @pytest.mark.parametrize("kind", STORES)

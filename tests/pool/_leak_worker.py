@@ -67,6 +67,7 @@ def settings(store: str, **extra: Any) -> PoolSettings:
         "min_connections": 1,
         "max_connections": 4,
         "idle_timeout_s": 0.5,  # extra connections are reaped within the run
+        "warm_window_s": 0.5,  # (once the peak in use has left the warm window)
         "health_interval_s": 300.0,  # the round is run by hand below
         "global_max_concurrent": 16,
         "consumer_max_concurrent": 16,

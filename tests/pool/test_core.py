@@ -288,10 +288,11 @@ async def test_stats_have_every_spec_key(clean_fleet: SpaceFleet, make_pool: Poo
 async def test_idle_connections_above_minimum_are_closed(
     clean_fleet: SpaceFleet, make_pool: PoolMaker
 ) -> None:
-    """Connections idle longer than the idle timeout are closed down to the minimum."""
+    """Connections idle longer than the idle timeout are closed down to the minimum
+    (once the burst's peak has left the warm window, pool/_warmth.py)."""
     pool = make_pool(
         clean_fleet, min_connections=1, max_connections=6, idle_timeout_s=1.0,
-        consumer_max_concurrent=10,
+        consumer_max_concurrent=10, warm_window_s=0.5,
     )
 
     async def one(i: int) -> None:

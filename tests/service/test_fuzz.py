@@ -23,6 +23,7 @@ from fastapi import FastAPI
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from schemathesis import GenerationMode
+from schemathesis.specs.openapi.checks import positive_data_acceptance
 
 from app._jobs import JobRunner
 from app._settings import ServiceSettings
@@ -34,9 +35,7 @@ from .conftest import coordinator_url
 
 # schemathesis' own strategies use the random module, which hypothesis deprecates;
 # that is theirs to fix, not a failure of the service.
-pytestmark = pytest.mark.filterwarnings(
-    "ignore::hypothesis.errors.HypothesisDeprecationWarning"
-)
+pytestmark = pytest.mark.filterwarnings("ignore::hypothesis.errors.HypothesisDeprecationWarning")
 
 REQUEST_LIMIT_S = 20.0
 MAX_TIMEOUT_S = 5.0
@@ -226,3 +225,49 @@ def test_admin_endpoints_refuse_everything_without_an_admin_token(target: Target
         response = target.send("GET", "/api/admin/pool-stats", headers=headers)
         assert response.status_code == 403
         assert response.json()["error"] == "admin_disabled"
+
+
+def test_schemathesis_all_checks_pass(target: Target) -> None:
+    """Every schemathesis check (status codes, content types, headers, Allow, schemas)
+    holds for bounded positive and negative cases: the OpenAPI document is the truth."""
+    schema = schemathesis.openapi.from_dict(target.app.openapi())
+    cases = schema.as_strategy(GenerationMode.POSITIVE) | schema.as_strategy(
+        GenerationMode.NEGATIVE
+    )
+    failures: list[str] = []
+
+    @settings(FUZZ, max_examples=80)
+    @given(case=cases)
+    def run(case: Any) -> None:
+        if isinstance(case.body, dict):
+            case.body = clamp(case.body)
+        kwargs = case.as_transport_kwargs(base_url="http://svc")
+        method, url = kwargs.pop("method"), kwargs.pop("url")
+        request: dict[str, Any] = {
+            "headers": {k: str(v) for k, v in (kwargs.get("headers") or {}).items()},
+            "params": kwargs.get("params") or None,
+        }
+        if "json" in kwargs:
+            request["json"] = kwargs["json"]
+        elif kwargs.get("data") is not None:
+            data = kwargs["data"]
+            request["content"] = data if isinstance(data, bytes) else str(data).encode()
+        response = target.send(method, url, **request)
+        try:
+            # Not positive_data_acceptance: a schema-valid body may name an api_name or
+            # Space the fleet does not have (SPEC 5: 422 naming the ones it has).
+            case.validate_response(response, excluded_checks=[positive_data_acceptance])
+        except BaseException as exc:  # collected, so that one run reports every kind
+            failures.append(f"{method} {url} → {response.status_code}: {exc!s:.400}")
+
+    run()
+    settle(target)
+    assert not failures, "\n".join(failures[:10])
+
+
+def test_a_405_names_every_method_of_the_path(target: Target) -> None:
+    """OPTIONS /api/jobs/{id} is 405 with an Allow header naming GET and DELETE both."""
+    response = target.send("OPTIONS", "/api/jobs/some-job")
+    assert response.status_code == 405
+    assert {m.strip() for m in response.headers["Allow"].split(",")} >= {"GET", "DELETE"}
+    assert target.send("PUT", "/api/jobs").headers["Allow"] == "POST"

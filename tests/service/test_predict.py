@@ -118,6 +118,14 @@ async def test_busy_answers_503_with_retry_after_and_position_within_the_queue_d
     print(f"\nbusy answers after {min(busy_latencies):.2f}–{max(busy_latencies):.2f} s")
 
 
+async def test_a_batch_priority_request_is_served(service: ServiceProcess) -> None:
+    """``priority: "batch"`` in the body (docs/scheduling.md) is admitted and served."""
+    async with service.client(**AUTH) as client:
+        response = await client.post("/api/predict", json=echo("b", priority="batch"))
+    assert response.status_code == 200, response.text
+    assert response.json()["result"].endswith(":b")
+
+
 async def test_unknown_api_name_is_422_naming_the_available_ones(service: ServiceProcess) -> None:
     """An api_name the Space lacks: 422 that lists the Space's endpoints."""
     async with service.client(**AUTH) as client:
@@ -195,6 +203,7 @@ async def test_api_token_is_required_when_configured(service: ServiceProcess) ->
         ({"api_name": "/echo", "kwargs": {"not an identifier": 1}}, "kwargs"),
         ({"api_name": "/echo", "space": "../etc"}, "space"),
         ({"api_name": "/echo", "surprise": 1}, "surprise"),
+        ({"api_name": "/echo", "priority": "urgent"}, "priority"),
     ],
 )
 async def test_invalid_bodies_are_422_with_field_level_messages(

@@ -4,13 +4,17 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from collections.abc import AsyncIterator, Iterator
+from dataclasses import asdict
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
 from fastapi import FastAPI
 
+from app._jobs import JobRecord
 from app._settings import ServiceSettings
 from app.main import create_app
 from devspaces import SpaceFleet
@@ -30,7 +34,8 @@ async def two_workers(
 ) -> AsyncIterator[tuple[httpx.AsyncClient, httpx.AsyncClient, Pool]]:
     """Two app instances (two workers' job runners) over one shared coordinator."""
     url = shared_url
-    pool = Pool(PoolSettings(spaces=fleet.pool_spaces_env(), coordinator_url=url))
+    settings = PoolSettings(spaces=fleet.pool_spaces_env(), coordinator_url=url, lease_ttl_s=3.0)
+    pool = Pool(settings)
     set_pool(pool)
     apps: list[FastAPI] = [create_app(ServiceSettings()) for _ in range(2)]
     try:
@@ -89,3 +94,60 @@ async def test_job_cancelled_from_another_worker(
     assert (await a.get(f"/api/jobs/{job_id}")).json()["stage"] == "cancelled"
     stats = await pool.stats()
     assert stats["inUseConnections"] == 0 and stats["admission"]["globalInUse"] == 0
+
+
+async def test_idempotency_key_gives_one_job(
+    two_workers: tuple[httpx.AsyncClient, httpx.AsyncClient, Pool], clean_fleet: SpaceFleet
+) -> None:
+    """The same Idempotency-Key sent 5 times, to either worker, is one job and one call at
+    the Space; another caller with the same key gets a job of their own."""
+    a, b, _ = two_workers
+    body = {"api_name": "/echo", "args": ["once", 0.5], "email": "idem@example.com"}
+    headers = {"Idempotency-Key": "retry-7f3a"}
+    answers = [await (a, b)[i % 2].post("/api/jobs", json=body, headers=headers) for i in range(5)]
+    assert [r.status_code for r in answers] == [202] * 5
+    ids = {r.json()["job_id"] for r in answers}
+    assert len(ids) == 1, ids
+    assert [r.headers.get("Idempotent-Replayed") for r in answers[1:]] == ["true"] * 4
+    job_id = ids.pop()
+    for _ in range(200):
+        if (await b.get(f"/api/jobs/{job_id}")).json()["stage"] == "done":
+            break
+        await asyncio.sleep(0.05)
+    assert (await a.get(f"/api/jobs/{job_id}")).json()["stage"] == "done"
+    assert sum(space.stats().total for space in clean_fleet) == 1
+    other = await a.post("/api/jobs", json={**body, "email": "other@example.com"}, headers=headers)
+    assert other.status_code == 202 and other.json()["job_id"] != job_id
+
+
+async def test_a_dead_owners_jobs_run_again_or_end(
+    two_workers: tuple[httpx.AsyncClient, httpx.AsyncClient, Pool], clean_fleet: SpaceFleet
+) -> None:
+    """Jobs of a worker whose heartbeat is gone: a queued one runs again (same id,
+    requeued 1, done), a running one not safe_to_retry fails worker_lost, one past its
+    deadline fails "deadline" — each within about one TTL."""
+    a, _, pool = two_workers
+    values = pool.coordinator.values
+    now = time.time()
+    body = {"api_name": "/echo", "args": ["again", 0.1], "safe_to_retry": False}
+    cases = {"queued": ("queued", now + 60), "running": ("running", now + 60),
+             "late": ("queued", now - 10)}  # fmt: skip
+    for job_id, (stage, deadline) in cases.items():
+        record = JobRecord(job_id, stage, created_at=now, updated_at=now, owner="ghost-1")
+        await values.put(f"job:{job_id}", json.dumps(asdict(record)), ttl_s=60)
+        index = {"owner": "ghost-1", "deadline": deadline, "body": body}
+        await values.put(f"jobrun:{job_id}", json.dumps(index), ttl_s=60)
+    started = time.monotonic()
+    views: dict[str, dict[str, Any]] = {}
+    while time.monotonic() - started < 15:
+        views = {job_id: (await a.get(f"/api/jobs/{job_id}")).json() for job_id in cases}
+        if all(v["stage"] in ("done", "failed") for v in views.values()):
+            break
+        await asyncio.sleep(0.1)
+    took = time.monotonic() - started
+    assert views["queued"]["stage"] == "done" and views["queued"]["requeued"] == 1, views
+    assert views["queued"]["result"].endswith(":again")
+    assert views["running"]["error"]["error"] == "worker_lost", views
+    assert views["late"]["error"]["error"] == "deadline", views
+    assert took < 3.0 + 5, took
+    assert sum(space.stats().total for space in clean_fleet) == 1
