@@ -337,8 +337,9 @@ class Call:
         for item in found:
             path = item["path"]
             if not utils.is_http_url_like(path) and id(item) not in uploaded:
+                # Under the name the caller gave (file_arg(..., name=)): the app sees it.
                 uploaded[id(item)] = await self.session.space.upload(
-                    path, self.headers, self.session.app.max_file_size
+                    path, self.headers, self.session.app.max_file_size, item.get("orig_name")
                 )
         if not uploaded:
             return data

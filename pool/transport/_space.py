@@ -152,16 +152,18 @@ class SpaceTransport:
         return RateLimited(wait)
 
     async def upload(
-        self, path: str, headers: Mapping[str, str], max_file_size: int | None
-    ) -> str:
+        self, path: str, headers: Mapping[str, str], max_file_size: int | None,
+        name: str | None = None,
+    ) -> str:  # fmt: skip
         """``POST upload`` of one local file (multipart field ``files``, gradio/routes.py
-        ``upload_file``); its path on the Space."""
+        ``upload_file``) under ``name`` (default: the file's own), the name the app will
+        see (the Space keeps it as its path's last part); its path on the Space."""
         app = self._app or await self.load()
         # A local file: its size and chunks are read on the loop (short, no network).
         if max_file_size is not None and os.path.getsize(path) > max_file_size:  # noqa: ASYNC240
             raise ValueError(f"File {path} exceeds the maximum file size of {max_file_size} bytes")
         with open(path, "rb") as f:  # noqa: ASYNC230
-            files = [("files", (Path(path).name, f))]
+            files = [("files", (safe_name(name or Path(path).name), f))]
             response = await self.http.post(app.url(utils.UPLOAD_URL), files=files,
                                             headers=dict(headers))  # fmt: skip
         response.raise_for_status()
