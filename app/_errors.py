@@ -26,6 +26,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from pool import (
+    AmbiguousEndpoint,
     BusyError,
     DeadlineExceeded,
     InvalidRequest,
@@ -35,6 +36,8 @@ from pool import (
     PoolError,
     QuotaExceeded,
     RefusedByPolicy,
+    SessionLost,
+    SessionNotFound,
     UnknownEndpoint,
     UnknownSpace,
     UpstreamError,
@@ -155,6 +158,16 @@ def describe(exc: BaseException) -> Problem:
             "available": exc.available,
         }
         return Problem(422, body, "unknown_api_name")
+    if isinstance(exc, AmbiguousEndpoint):
+        apps = [{"app": app, "spaces": spaces} for app, spaces in exc.apps.items()]
+        body = {"error": "ambiguous_endpoint", "message": str(exc), "api_name": exc.api_name,
+                "apps": apps}  # fmt: skip
+        return Problem(422, body, "ambiguous_endpoint")
+    if isinstance(exc, SessionNotFound):
+        body = {"error": "session_not_found", "message": str(exc)}
+        return Problem(404, body, "session_not_found")
+    if isinstance(exc, SessionLost):
+        return Problem(410, {"error": "session_lost", "message": str(exc)}, "session_lost")
     if isinstance(exc, UnknownSpace):
         body = {"error": "unknown_space", "message": str(exc), "available": exc.available}
         return Problem(422, body, "unknown_space")

@@ -15,9 +15,11 @@ A *file argument* is an object whose only key is ``file``, anywhere in ``args`` 
   ``POOL_ALLOW_FILE_URLS`` is on (off by default: 422, so a caller cannot make the
   service reach into its own network).
 
-Each becomes a temporary file under ``<POOL_FILE_DIR>/incoming/<random>/`` and, in the
-arguments, ``pool.file_arg(path)`` (``gradio_client.handle_file``), which the Client
-uploads to the Space when the job starts. All files of one request together are at
+Each becomes a temporary file ``<POOL_FILE_DIR>/incoming/<random>/<n>/<name>`` — a
+folder of its own, under exactly the (sanitized) name the caller gave: the multipart
+part's filename, the ``"name"`` of a base64 or URL file, else ``file`` — and, in the
+arguments, ``pool.file_arg(path, name)``, which is uploaded to the Space under that
+name when the job starts. All files of one request together are at
 most ``POOL_MAX_UPLOAD_BYTES`` (413 ``too_large``); bad base64, an unknown part, a
 malformed file object are a 422. The folder is deleted when the request (or the job)
 ends, whatever the outcome: :meth:`Call.cleanup`.
@@ -105,6 +107,7 @@ class Call:
             download_to=download_to,
             headers=self.headers or None,
             on_event=on_event,
+            session=body.session,
         )
 
     def cleanup(self) -> None:
@@ -214,11 +217,15 @@ class _Files:
         self._copied: dict[str, dict[str, Any]] = {}
 
     def _target(self, name: str) -> Path:
+        """Where a file named ``name`` goes: a folder of its own (``<n>/<name>``), so
+        the Space sees exactly that name and equal names never collide."""
         if self.folder is None:
             self.folder = self.incoming / secrets.token_hex(12)
             self.folder.mkdir(parents=True, mode=0o700)
         self._count += 1
-        return self.folder / f"{self._count}-{name}"
+        own = self.folder / str(self._count)
+        own.mkdir(mode=0o700)
+        return own / name
 
     def _count_bytes(self, size: int) -> None:
         self.total += size

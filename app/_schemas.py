@@ -88,6 +88,12 @@ class PredictRequest(BaseModel):
         pattern=SPACE_PATTERN,
         description="a configured Space name to use; absent: the pool routes",
     )
+    session: str | None = Field(
+        default=None,
+        max_length=64,
+        pattern=r"^[A-Za-z0-9_-]{16,64}$",
+        description="a session from POST /api/sessions: the call continues it (same email)",
+    )
     api_name: str = Field(
         max_length=129, pattern=API_NAME_PATTERN, description="endpoint, e.g. /predict"
     )

@@ -2,7 +2,10 @@
 
 * ``GET /api/spaces`` — every configured Space with its state, read from
   ``pool.stats()`` (the same figures as pool-stats and the dashboard: up, breaker,
-  window, wake, connections, queue), nothing recomputed;
+  window, wake, connections, queue), nothing recomputed; and its app: ``apps`` lists
+  each app with its replicas (Spaces with identical APIs, or grouped explicitly by
+  ``alias@app=URL``; :mod:`pool._apps`) — a Space whose API is not known yet (never
+  connected) has ``"app": null``;
 * ``GET /api/spaces/{name}/api`` — the Space's endpoints with parameter names, types
   and defaults: ``Client.view_api(return_format="dict")`` of a pooled connection
   (``Pool.endpoints``, cached per Space ``app_id``, so a restarted Space is read again).
@@ -60,10 +63,18 @@ def _summary(name: str, entry: dict[str, Any]) -> dict[str, Any]:
 
 @router.get("/api/spaces")
 async def list_spaces() -> dict[str, Any]:
-    """The configured Spaces and their state (from the pool's statistics)."""
-    stats: dict[str, Any] = await get_pool().stats()
+    """The configured Spaces, their state (from the pool's statistics) and their apps."""
+    pool = get_pool()
+    await pool.start()
+    await pool.apps.discover(lambda name: pool.board.get(name).admits())
+    stats: dict[str, Any] = await pool.stats()
     pools: dict[str, dict[str, Any]] = stats.get("pools", {})
-    return {"spaces": [_summary(name, entry) for name, entry in pools.items()]}
+    spaces = [
+        {**_summary(name, entry), "app": pool.apps.app_of(name) if name in pool.spaces else None}
+        for name, entry in pools.items()
+    ]
+    apps = [{"app": app, "replicas": names} for app, names in pool.apps.apps().items()]
+    return {"spaces": spaces, "apps": apps}
 
 
 @router.get("/api/spaces/{name}/api")

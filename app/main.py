@@ -20,6 +20,7 @@ Behind this module, one concept each:
 * :mod:`app._inputs` — request bodies, JSON or multipart, and file arguments;
 * :mod:`app._files` — output files: the download folder, ``/api/files/{token}``;
 * :mod:`app._spaces` — discovery: ``/api/spaces``, ``/api/spaces/{name}/api``;
+* :mod:`app._sessions` — ``/api/sessions``: conversations that keep a Space's state;
 * :mod:`app._streaming` — ``POST /api/predict`` answered as Server-Sent Events;
 * :mod:`app._metrics` — Prometheus; :mod:`app._logging` — JSON access log;
 * :mod:`app._limits` — request body size cap; :mod:`app._settings` — the knobs;
@@ -54,6 +55,7 @@ from ._logging import AccessLog, configure_logging
 from ._metrics import on_pool_event
 from ._reclaim import Reclaimer
 from ._schemas import PredictRequest
+from ._sessions import router as sessions_router
 from ._settings import ServiceSettings
 from ._shared_jobs import SharedJobStore
 from ._spaces import router as spaces_router
@@ -173,6 +175,7 @@ def create_app(settings: ServiceSettings | None = None) -> FastAPI:
     app.include_router(router)
     app.include_router(files_router)
     app.include_router(spaces_router)
+    app.include_router(sessions_router)
     app.include_router(dashboard_router)
     app.include_router(gradio_router)
     return app

@@ -224,6 +224,9 @@ KINDS: dict[str, str] = {
     "headers": "devspaces._headers:headers_blocks",
     "shapes": "devspaces._shapes:shapes_blocks",
     "zerogpu": "devspaces._zerogpu:zerogpu_blocks",
+    "upper": "devspaces._demos:upper_blocks",
+    "state": "devspaces._demos:state_blocks",
+    "filename": "devspaces._demos:filename_blocks",
 }
 
 

@@ -43,6 +43,7 @@ from collections.abc import AsyncIterator
 from ._clock import Clock
 from ._events import Hook, PoolEvent
 from ._exceptions import (
+    AmbiguousEndpoint,
     BusyError,
     DeadlineExceeded,
     InvalidRequest,
@@ -53,6 +54,8 @@ from ._exceptions import (
     PoolError,
     QuotaExceeded,
     RefusedByPolicy,
+    SessionLost,
+    SessionNotFound,
     UnknownEndpoint,
     UnknownSpace,
     UpstreamAppError,
@@ -65,6 +68,7 @@ from ._guard import check_outbound
 from ._handle import Partial, PooledClient, PooledJob
 from ._pool import Pool
 from ._request import Prediction
+from ._sessions import PoolSession
 from ._settings import PoolSettings
 from ._spaces import SpaceSpec, parse_space, parse_spaces
 from .admission import WaitTicket
@@ -120,6 +124,7 @@ async def get_client(
 
 
 __all__ = [
+    "AmbiguousEndpoint",
     "BusyError",
     "Clock",
     "DeadlineExceeded",
@@ -134,6 +139,7 @@ __all__ = [
     "PoolClosedError",
     "PoolError",
     "PoolEvent",
+    "PoolSession",
     "PoolSettings",
     "PooledClient",
     "PooledJob",
@@ -141,6 +147,8 @@ __all__ = [
     "ProgressUnit",
     "QuotaExceeded",
     "RefusedByPolicy",
+    "SessionLost",
+    "SessionNotFound",
     "SpaceSpec",
     "UnknownEndpoint",
     "UnknownSpace",

@@ -23,7 +23,13 @@ gradio_client, httpx and huggingface_hub are mapped to it at the boundary
     ├── InvalidRequest            the caller's own mistake, detected by the Space or by us:
     │   │                         unknown api_name, inputs the Space's validator refused
     │   ├── UnknownEndpoint       api_name the Space does not have (lists the ones it has)
-    │   └── UnknownSpace          a Space name that is not configured (lists the ones that are)
+    │   ├── UnknownSpace          a Space name that is not configured (lists the ones that are)
+    │   ├── AmbiguousEndpoint     a call without a Space whose api_name belongs to apps with
+    │   │                         different APIs (lists them); nothing was admitted
+    │   └── SessionNotFound       a session id that is unknown, expired, deleted or not
+    │                             the caller's
+    ├── SessionLost               the session's Space restarted or lost the session: its
+    │                             gr.State is gone (never replaced by a fresh one silently)
     ├── UpstreamError             the Space failed to serve a valid request
     │   ├── UpstreamAppError      the app itself raised (gr.Error, exception in the fn)
     │   ├── UpstreamTransportError  connection refused/dropped, timeout, 5xx, queue full
@@ -153,6 +159,34 @@ class UnknownSpace(InvalidRequest):
         super().__init__(f"unknown Space {space!r}; configured: {', '.join(available)}")
         self.space = space
         self.available = available
+
+
+class AmbiguousEndpoint(InvalidRequest):
+    """``api_name`` belongs to several apps with different APIs: name a ``space``."""
+
+    kind = "ambiguous_endpoint"
+
+    def __init__(self, api_name: str, apps: dict[str, list[str]]) -> None:
+        listed = "; ".join(f"{app}: {', '.join(spaces)}" for app, spaces in apps.items())
+        super().__init__(
+            f"api_name {api_name!r} belongs to apps with different APIs ({listed});"
+            " name the Space to call"
+        )
+        self.api_name = api_name
+        self.apps = apps
+
+
+class SessionNotFound(InvalidRequest):
+    """No live session of that id for this caller (unknown, expired, deleted, not theirs)."""
+
+    kind = "session_not_found"
+
+
+class SessionLost(PoolError):
+    """The session's Space restarted (a new ``app_id``) or lost the session: the state
+    it kept is gone. The session is deleted; open a new one."""
+
+    kind = "session_lost"
 
 
 class UpstreamError(PoolError):

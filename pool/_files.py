@@ -94,7 +94,9 @@ def replace_files(value: Any, replace: Callable[[dict[str, Any]], Any], depth: i
 
 
 def file_arg(path: str | os.PathLike[str], name: str | None = None) -> dict[str, Any]:
-    """A file argument for a Space (``gradio_client.handle_file``): uploaded on submit."""
+    """A file argument for a Space (``gradio_client.handle_file``): uploaded on submit,
+    under ``name`` (sanitized: no folders) when given — the app sees that name (native
+    transport; the fallback ``gradio_client.Client`` uploads under the path's own name)."""
     from gradio_client import handle_file
 
     data: dict[str, Any] = handle_file(os.fspath(path))

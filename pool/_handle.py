@@ -181,10 +181,11 @@ class PooledJob:
             classified = classify(exc)
             self._handle._failed(classified)
             raise classified.error from exc
-        # Served; but after waiting behind another call in the Space's own queue (rank
-        # >= 1: someone was ahead of it), which says our calls exceed its concurrency.
-        rank = getattr(self._job, "queue_rank", None)
-        self._handle.outcome = "congested" if rank is not None and rank >= 1 else "success"
+        # Served; but after waiting for a worker in the Space's own queue (the Space's
+        # own estimate, transport ``Call.congested``), which says our calls exceed its
+        # concurrency.
+        congested = getattr(self._job, "congested", False)
+        self._handle.outcome = "congested" if congested else "success"
         return result
 
     @property

@@ -45,6 +45,7 @@ from typing import Any, TypeVar
 
 import httpx
 
+from ._apps import Apps
 from ._clock import SYSTEM_CLOCK, Clock
 from ._connection import ClientFactory, Connection, gradio_factory, quiet_gradio_env
 from ._events import Hook, PoolEvent, emit
@@ -67,6 +68,7 @@ from ._native import NativeFactory
 from ._request import Prediction, RequestPath
 from ._routing import Router, user_key
 from ._scheduling import classed_ticket, queue_timeout_for
+from ._sessions import PoolSession, Sessions
 from ._settings import PoolSettings
 from ._space_pool import SpacePool
 from ._spaces import SpaceSpec, parse_spaces
@@ -182,6 +184,16 @@ class Pool:
         self._api_info: dict[str, tuple[object, dict[str, Any]]] = {}  # name → (app_id, info)
         # Retries, deadline, partials, events, files: the call over admitted attempts.
         self.requests = RequestPath(self.client, s, self.retry_policy, self.hooks, self.clock)
+
+    @functools.cached_property
+    def sessions(self) -> Sessions:
+        """Conversations: one Space, one upstream session each (pool/_sessions.py)."""
+        return Sessions(self)
+
+    @functools.cached_property
+    def apps(self) -> Apps:
+        """The Spaces' apps and replicas; routing's ambiguity check (pool/_apps.py)."""
+        return Apps(self.spaces, self.settings.connect_timeout_s, self._space_failed)
 
     def _space_pools(self) -> dict[str, SpacePool]:
         s = self.settings
@@ -330,6 +342,7 @@ class Pool:
         avoid: Sequence[str] = (),
         wake_limit_s: float | None = None,
         api_name: str | None = None,
+        session: str | PoolSession | None = None,
     ) -> AsyncIterator[PooledClient]:
         """Admission, then an exclusive connection; everything released on exit.
 
@@ -341,9 +354,12 @@ class Pool:
         wait for the release at the end) by :class:`DeadlineExceeded`. ``api_name``:
         the endpoint the caller will call; without ``space``, only Spaces that have it
         (or whose API is not known yet) are candidates, and when no Space has it
-        :class:`UnknownEndpoint` is raised before any slot is taken.
+        :class:`UnknownEndpoint` is raised before any slot is taken. ``session``: one
+        from :meth:`open_session` (its Space, its upstream state; :mod:`pool._sessions`).
         """
         await self.start()
+        record = None if session is None else await self.sessions.resolve(session, email, space)
+        space = space if record is None else record.space
         if space is not None and space not in self.spaces:
             raise UnknownSpace(space, list(self.spaces))
         user = self.hash_user(email)
@@ -358,6 +374,8 @@ class Pool:
         started = self.clock.now()
         outcome = "ok"
         try:
+            if record is not None:
+                await self.sessions.attach(sp, conn, record)
             yield handle
         except PoolError as exc:
             outcome = exc.kind
@@ -449,6 +467,7 @@ class Pool:
         on_partial: Callable[[Partial], Awaitable[None]] | None = None,
         headers: Mapping[str, str] | None = None,
         on_event: Callable[[UpstreamEvent], Awaitable[None]] | None = None,
+        session: str | PoolSession | None = None,
         priority: str | None = None,
     ) -> Prediction:
         """One predict with retries, failover, one deadline, partials, events and files
@@ -457,8 +476,13 @@ class Pool:
             api_name, *args, email=email, space=space, kwargs=kwargs, timeout=timeout,
             queue_timeout_s=queue_timeout_s, safe_to_retry=safe_to_retry, ticket=ticket,
             on_admitted=on_admitted, download_to=download_to, on_partial=on_partial,
-            headers=headers, on_event=on_event, priority=priority,
+            headers=headers, on_event=on_event, session=session, priority=priority,
         )  # fmt: skip
+
+    async def open_session(self, email: str | None, space: str | None = None) -> PoolSession:
+        """A conversation: calls with ``session=`` share one Space and its ``gr.State``
+        (:mod:`pool._sessions`); it expires after ``POOL_SESSION_IDLE_S`` without a call."""
+        return await self.sessions.open(email, space)
 
     async def _admit_and_checkout(
         self,
@@ -502,7 +526,7 @@ class Pool:
                 tried.append(name)
                 continue
             if user is not None and space is None:
-                self.router.repin(user, name)
+                self.router.repin(self.apps.pin_key(user, api_name) or user, name)
             return lease, sp, conn
 
     async def _admit_one(
@@ -601,8 +625,11 @@ class Pool:
         with the endpoint — and whether this request is its half-open probe."""
         if space is not None:
             return await self._pick_named(space, tried, last)
-        self._check_endpoint(api_name)
         board = self.board
+        # AmbiguousEndpoint, before any slot (Spaces the pool paused are not woken for it)
+        await self.apps.check(api_name, lambda n: board.get(n).admits() and not board.get(n).paused)
+        self._check_endpoint(api_name)
+        user = self.apps.pin_key(user, api_name)  # a pin per app
         while True:
             now = self.clock.wall()
             usable = [

@@ -26,6 +26,7 @@ from ._events import Hook, PoolEvent, emit
 from ._exceptions import DeadlineExceeded, UpstreamTransportError
 from ._handle import Partial, PooledClient, PooledJob
 from ._scheduling import classed_ticket, queue_timeout_for
+from ._sessions import PoolSession
 from ._settings import PoolSettings
 from .admission import WaitTicket
 from .resilience import RetryPolicy
@@ -61,6 +62,7 @@ class _Call:
     download_to: str | os.PathLike[str] | None
     headers: Mapping[str, str] | None = None  # sent with this call's upstream requests
     on_event: Callable[[UpstreamEvent], Awaitable[None]] | None = None
+    session: str | PoolSession | None = None  # every attempt continues this session
     delivered: bool = False  # a partial reached the caller: never repeat the call
     failed: list[str] = field(default_factory=list)  # Spaces an attempt failed on
     handle: PooledClient | None = None  # the current attempt's, once admitted
@@ -108,6 +110,7 @@ class RequestPath:
         on_partial: Callable[[Partial], Awaitable[None]] | None = None,
         headers: Mapping[str, str] | None = None,
         on_event: Callable[[UpstreamEvent], Awaitable[None]] | None = None,
+        session: str | PoolSession | None = None,
         priority: str | None = None,
     ) -> Prediction:
         """One predict with the pool's retry policy, failover and deadline.
@@ -127,6 +130,8 @@ class RequestPath:
         Space skips older partials, never the latest); the result is the final output.
         Once a partial was delivered the call is never retried. ``headers`` go with
         every upstream request of this call (and no other); ``on_event(event)`` is
+        awaited for each protocol message (:meth:`PooledJob.events`). ``session``: an
+        open session (``Pool.open_session``) the call continues, on its Space.
         awaited for each protocol message (:meth:`PooledJob.events`). ``priority``:
         ``"interactive"`` (default) or ``"batch"`` (docs/scheduling.md); a batch call
         waits up to ``POOL_BATCH_QUEUE_TIMEOUT_S`` unless ``queue_timeout_s`` is given.
@@ -143,6 +148,7 @@ class RequestPath:
             download_to,
             headers,
             on_event,
+            session,
         )
         ticket = classed_ticket(self.settings, ticket, priority)
         queue_timeout = queue_timeout_for(self.settings, ticket, queue_timeout_s)
@@ -176,6 +182,7 @@ class RequestPath:
             avoid=call.failed,
             wake_limit_s=left,
             api_name=call.api_name,
+            **({} if call.session is None else {"session": call.session}),
         ) as handle:
             call.handle = handle
             return await self._run_admitted(handle, call, attempt)

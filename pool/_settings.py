@@ -77,6 +77,9 @@ class PoolSettings(BaseSettings):
         description="native: the asyncio transport (pool/transport); gradio_client: the "
         "fallback, a gradio_client.Client per connection",
     )
+    session_idle_s: float = Field(
+        default=1800.0, gt=0, description="a session ends after this long without a call"
+    )
     user_hash_key: SecretStr | None = None
     # POOL_HF_TOKEN, or HF_TOKEN: sent as x-hf-authorization (private Spaces); never shown
     hf_token: SecretStr | None = Field(

@@ -23,6 +23,7 @@ from typing import Any
 
 import httpx
 
+from ._apps import endpoint_signatures
 from ._clock import SYSTEM_CLOCK, Clock
 from ._connection import ClientFactory, Connection, ConnState, close_client
 from ._errors import classify_connect
@@ -82,6 +83,8 @@ class SpacePool:
         # The Space's api_names, from its config when a connection last opened (None:
         # not known yet); routing sends a call only where its endpoint exists.
         self.api_names: frozenset[str] | None = None
+        # api_name → digest of its parameters and outputs (pool/_apps.py: apps, replicas).
+        self.signatures: dict[str, str] | None = None
         # Warmth (pool/_warmth.py): the peak in use since it was last taken, and how
         # many connections the reaper keeps open (at least the minimum).
         self._peak_in_use = 0
@@ -268,6 +271,7 @@ class SpacePool:
             self._drop_stale_idle()
         self.probe_url = conn.probe_url()
         self.api_names = frozenset(conn.api_names())
+        self.signatures = endpoint_signatures(conn.client)
         self._deliver(conn)
         self._top_up()
 

@@ -12,10 +12,12 @@ _ALIAS = re.compile(r"^[A-Za-z0-9][\w.-]{0,63}$")
 
 @dataclass(frozen=True)
 class SpaceSpec:
-    """One backend: ``name`` keys the stats, ``src`` is what ``Client`` opens."""
+    """One backend: ``name`` keys the stats, ``src`` is what ``Client`` opens; ``app``
+    names its group of replicas when the configuration says (``alias@app=URL``)."""
 
     name: str
     src: str
+    app: str | None = None
 
     @property
     def is_hub(self) -> bool:
@@ -26,14 +28,18 @@ class SpaceSpec:
 
 
 def parse_space(entry: str) -> SpaceSpec:
-    """``alias=URL`` | ``owner/name`` | ``URL`` → :class:`SpaceSpec`; ValueError if none."""
+    """``alias=URL`` | ``alias@app=URL`` | ``owner/name`` | ``URL`` → :class:`SpaceSpec`;
+    ValueError if none."""
     entry = entry.strip()
     alias, sep, rest = entry.partition("=")
     if sep:
-        alias, src = alias.strip(), rest.strip()
+        alias, _, app = alias.strip().partition("@")
+        src = rest.strip()
         if not _ALIAS.match(alias):
             raise ValueError(f"invalid Space alias {alias!r}")
-        return SpaceSpec(alias, _check_src(src))
+        if app and not _ALIAS.match(app):
+            raise ValueError(f"invalid app name {app!r} (alias@app=URL)")
+        return SpaceSpec(alias, _check_src(src), app or None)
     src = _check_src(entry)
     if src.startswith(("http://", "https://")):
         parts = urlsplit(src)

@@ -13,7 +13,11 @@ Figures, every variant in the same run, interleaved where they share a Space:
   interleaved call by call (ABBA); per-round p50s and their ratio to raw (goal for the
   native transport: ≤ 0.5× raw);
 * **saturation** — ``_bench_saturation.pooled_burst``: many distinct users at once over
-  three Spaces behind a global cap G, service S; throughput as a share of G/S (goal ≥ 97 %);
+  three Spaces behind a global cap G, service S; throughput as a share of G/S (goal ≥ 97 %),
+  counted on the Spaces' own clock: the calls they ran × S over G × (their last call's
+  end − their first call's start), from the intervals the Spaces record. The pool's view
+  (callers over the burst's wall time, which adds the first admission and the last
+  result's way back) is printed beside it, with the TCP connections the Spaces saw;
 * **threads / RSS of a process holding 150 used connections** — ``_bench_rss.measure``
   in a fresh child (``POOL_TRANSPORT`` set for it): 3 Spaces × 50 connections, every
   one having served a predict (goals ≤ 20 threads, ≤ 60 MB); the raw yardstick is
@@ -33,6 +37,7 @@ import contextlib
 import os
 import random
 import statistics
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -173,9 +178,52 @@ async def predict_rows(space: SpaceProcess, plan: TransportPlan) -> list[Result]
 # saturation -------------------------------------------------------------------------
 
 
+class TcpSeen:
+    """The TCP connections to ``ports`` that this host opened while it runs: their
+    client ports, read from ``/proc/net/tcp`` every 50 ms (a connection that lives
+    less than that may be missed; each one seen is a new connection)."""
+
+    def __init__(self, ports: set[int]) -> None:
+        self.ports = ports
+        self.seen: set[tuple[int, int]] = set()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> TcpSeen:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            with contextlib.suppress(OSError), open("/proc/net/tcp") as table:
+                for line in table.readlines()[1:]:
+                    local, remote, state = line.split()[1:4]
+                    peer = int(remote.rsplit(":", 1)[1], 16)
+                    if state == "01" and peer in self.ports:  # ESTABLISHED
+                        self.seen.add((peer, int(local.rsplit(":", 1)[1], 16)))
+            self._stop.wait(0.05)
+
+
+def space_share(fleet: SpaceFleet, cap: int, service_s: float) -> float:
+    """Throughput as a share of ``cap / service_s`` on the Spaces' own clock (the
+    intervals of the calls they ran since their last reset)."""
+    calls = [iv for space in fleet for iv in space.intervals()]
+    if not calls:
+        return 0.0
+    window = max(end for _, end in calls) - min(start for start, _ in calls)
+    return len(calls) * service_s / (cap * window) if window > 0 else 0.0
+
+
 async def saturation_rows(fleet: SpaceFleet, plan: TransportPlan) -> list[Result]:
     ideal = plan.sat_cap / plan.sat_service_s
     shares: dict[str, list[float]] = {t: [] for t in transports()}
+    pool_view: dict[str, list[float]] = {t: [] for t in shares}
+    tcp: dict[str, list[int]] = {t: [] for t in shares}
+    ports = {int(space.url.rstrip("/").rsplit(":", 1)[1]) for space in fleet}
     errors: dict[str, int] = dict.fromkeys(shares, 0)
     cpu_ms: dict[str, list[tuple[float, float]]] = {t: [] for t in shares}  # client, Spaces
     cpu = CPU(fleet)
@@ -187,10 +235,16 @@ async def saturation_rows(fleet: SpaceFleet, plan: TransportPlan) -> list[Result
                 await pooled_burst(p, 2 * plan.sat_cap, 0.05, f"warm{t}{k}")
         for r in range(plan.sat_rounds):
             for t in order if r % 2 == 0 else order[::-1]:
+                for space in fleet:
+                    space.reset()
                 client0, spaces0 = cpu.read()
-                run = await pooled_burst(pools[t], plan.sat_callers, plan.sat_service_s, f"{t}{r}")
+                with TcpSeen(ports) as seen:
+                    run = await pooled_burst(pools[t], plan.sat_callers, plan.sat_service_s,
+                                             f"{t}{r}")  # fmt: skip
                 client1, spaces1 = cpu.read()
-                shares[t].append(plan.sat_callers / run.elapsed / ideal)
+                tcp[t].append(len(seen.seen))
+                shares[t].append(space_share(fleet, plan.sat_cap, plan.sat_service_s))
+                pool_view[t].append(plan.sat_callers / run.elapsed / ideal)
                 per_call = 1000 / plan.sat_callers
                 cpu_ms[t].append(((client1 - client0) * per_call, (spaces1 - spaces0) * per_call))
                 errors[t] += len(run.errors)
@@ -216,7 +270,10 @@ async def saturation_rows(fleet: SpaceFleet, plan: TransportPlan) -> list[Result
                 note=(
                     f"{plan.sat_callers} distinct users at once, 3 Spaces, cap G = "
                     f"{plan.sat_cap}, service S = {plan.sat_service_s:g} s, "
-                    f"{plan.sat_rounds} round(s); errors {errors[t]}; CPU per call: this "
+                    f"{plan.sat_rounds} round(s); errors {errors[t]}; share on the pool's "
+                    f"clock {100 * statistics.median(pool_view[t]):.1f} %; TCP connections "
+                    f"to the Spaces seen in a round {statistics.median(tcp[t]):.0f} for "
+                    f"{plan.sat_callers} calls; CPU per call: this "
                     f"process {statistics.median(c for c, _ in cpu_ms[t]):.1f} ms, the Spaces "
                     f"{statistics.median(s for _, s in cpu_ms[t]):.1f} ms"
                 ),

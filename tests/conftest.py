@@ -37,6 +37,35 @@ def stream_spaces() -> Iterator[dict[str, SpaceProcess]]:
 
 
 @pytest.fixture(scope="session")
+def talk() -> Iterator[SpaceProcess]:
+    """A chat Space (a real gr.ChatInterface, history in gr.State) for the session tests;
+    one of them restarts it, so it is theirs alone."""
+    space = SpaceProcess("talk", kind="chat", wait=False)
+    try:
+        space.wait_ready(180)
+        yield space
+    finally:
+        space.stop()
+
+
+@pytest.fixture(scope="session")
+def demo_spaces() -> Iterator[dict[str, SpaceProcess]]:
+    """Gradio's own demo shapes, every one a gr.Interface whose endpoint is /predict:
+    two replicas of "upper", "state" (interface_state) and "filename"."""
+    kinds = {"upper-1": "upper", "upper-2": "upper", "state": "state", "filename": "filename"}
+    started: list[SpaceProcess] = []
+    try:
+        for name, kind in kinds.items():
+            started.append(SpaceProcess(name, kind=kind, wait=False))
+        for space in started:
+            space.wait_ready(180)
+        yield {space.name: space for space in started}
+    finally:
+        for space in started:
+            space.stop()
+
+
+@pytest.fixture(scope="session")
 def zero() -> Iterator[SpaceProcess]:
     """A ZeroGPU-like stand-in (kind zerogpu: x-ip-token, a GPU quota per token)."""
     with SpaceProcess("zero", kind="zerogpu") as space:

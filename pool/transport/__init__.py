@@ -11,7 +11,7 @@ only in whether partial outputs are diffs and in when the server ends the data s
 * per lease a :class:`Session` (a fresh ``session_hash``, so no ``gr.State`` crosses
   users; or one given, to keep state on purpose): ``queue/join``, one reader of the
   session's ``queue/data`` stream dispatching each message to its :class:`Call` the
-  moment it arrives, ``cancel``, the ``heartbeat`` stream where the config asks for it;
+  moment it arrives, ``cancel``, the ``heartbeat`` stream where a call needs it;
 * ``upload`` of input files and the download of output files (retried once when a
   kept-alive connection turns out closed; a body shorter than the announced ``size``
   is an error).

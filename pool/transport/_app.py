@@ -10,6 +10,7 @@ outputs of ``SKIP_COMPONENTS`` are dropped, a single output is returned bare) an
 from __future__ import annotations
 
 import copy
+import dataclasses
 import urllib.parse
 from dataclasses import dataclass
 from typing import Any
@@ -40,6 +41,7 @@ class Endpoint:
     state_inputs: tuple[int, ...]  # positions that take no caller value
     kept_outputs: tuple[int, ...]  # positions returned to the caller
     parameters: list[dict[str, Any]] | None
+    needs_heartbeat: bool = False  # a session calling it holds the heartbeat stream
 
 
 class AppInfo:
@@ -60,10 +62,14 @@ class AppInfo:
         self._raw_info = info
         self.info = _visible_info(info)
         components = {c["id"]: c for c in config.get("components", []) if "id" in c}
+        deps = config.get("dependencies", [])
+        every_session = self.heartbeat and _heartbeat_for_all(deps, components)
         self.endpoints: dict[int, Endpoint] = {}
         self._by_name: dict[str, Endpoint] = {}
-        for i, dep in enumerate(config.get("dependencies", [])):
+        for i, dep in enumerate(deps):
             endpoint = _endpoint(dep.get("id", i), dep, components, self.info)
+            if self.heartbeat and (every_session or _heartbeat_for(dep, components)):
+                endpoint = dataclasses.replace(endpoint, needs_heartbeat=True)
             self.endpoints[endpoint.fn_index] = endpoint
             if endpoint.api_name is not None and endpoint.public:
                 self._by_name.setdefault(endpoint.api_name, endpoint)
@@ -142,6 +148,38 @@ def _endpoint(
         kept_outputs=tuple(i for i, cid in enumerate(outputs) if not skipped(cid)),
         parameters=named.get("parameters") if named else None,
     )
+
+
+def _triggers(dep: dict[str, Any]) -> set[str]:
+    targets = dep.get("targets", [])
+    return {str(t[1]) for t in targets if isinstance(t, list | tuple) and len(t) == 2}
+
+
+def _heartbeat_for_all(deps: list[dict[str, Any]], components: dict[int, dict[str, Any]]) -> bool:
+    """Whether every session needs the heartbeat stream, not only those that call an
+    endpoint with ``gr.State`` or a ``stream`` trigger (:func:`_heartbeat_for`).
+
+    gradio/utils.py ``connect_heartbeat`` sets ``connect_heartbeat`` for an app with any
+    ``gr.State``, an ``unload`` listener, a ``stream`` trigger or a per-session cache;
+    gradio/routes.py ``heartbeat``, when the stream ends, runs the ``unload`` listeners,
+    marks the session's state closed, clears its per-session caches and ends its media
+    streams. ``unload`` listeners are per session whatever it called, and a per-session
+    cache is not visible in the config (the flag without State, unload or stream says
+    one is there): both need it for every session."""
+    if any("unload" in _triggers(dep) for dep in deps):
+        return True
+    has_state = any(c.get("type") == "state" for c in components.values())
+    has_stream = any("stream" in _triggers(dep) for dep in deps)
+    return not (has_state or has_stream)
+
+
+def _heartbeat_for(dep: dict[str, Any], components: dict[int, dict[str, Any]]) -> bool:
+    """Whether a call of ``dep`` needs its session's heartbeat: it reads or writes a
+    ``gr.State`` (kept per session, closed when the heartbeat ends) or is a ``stream``
+    event (its media stream ends with the heartbeat)."""
+    used = [*dep.get("inputs", []), *dep.get("outputs", [])]
+    touches_state = any(components.get(cid, {}).get("type") == "state" for cid in used)
+    return touches_state or "stream" in _triggers(dep)
 
 
 def bind_args(endpoint: Endpoint, args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[Any]:

@@ -14,6 +14,9 @@ The queue protocol (``sse_v1``…``sse_v3``; gradio/routes.py ``queue_join``,
   event with an empty output.
 * ``GET heartbeat/{session_hash}`` (only when the config asks, ``connect_heartbeat``):
   while it is open the session's state is kept; when it ends, unload handlers run.
+  Opened by the first call that needs it (``Endpoint.needs_heartbeat``: it touches a
+  ``gr.State`` or is a ``stream`` event, or the app has ``unload`` listeners), so a
+  session of stateless calls costs no held connection (and no new one per lease).
 
 Here one reader task per session reads the stream and hands each message to its call
 at once (``Call._on_message``: no polling, no thread). A message for an event whose
@@ -166,7 +169,7 @@ class Session:
             self._dispatch(msg)
         if call.event_id in self._calls and (self._reader is None or self._reader.done()):
             self._reader = asyncio.get_running_loop().create_task(self._read(call.headers))
-        if self.app.heartbeat and self._heartbeat is None:
+        if call.endpoint.needs_heartbeat and self._heartbeat is None:
             self._heartbeat = asyncio.get_running_loop().create_task(self._beat(call.headers))
 
     def _dispatch(self, msg: dict[str, Any]) -> None:
@@ -281,9 +284,21 @@ class Call:
         self._cancel_requested = False
         # The Space's own queue as this call saw it before it started (``estimation``:
         # every joined event gets one, rank 0 = next, even one that starts at once;
-        # gradio/queueing.py ``broadcast_estimations``): the highest rank and its size.
+        # gradio/queueing.py ``broadcast_estimations``): the highest rank, its size and
+        # the Space's ETA for it (``rank_eta``).
         self.queue_rank: int | None = None
         self.queue_size: int | None = None
+        self._queue_eta_s: float | None = None
+        # What the Space itself predicted this call would wait for a worker: its
+        # ``rank_eta`` is the function's average run time + ``wait_so_far`` (grows
+        # with the rank only when the endpoint has a concurrency_limit) + the time
+        # until a worker frees (only when the limit is reached); ``process_starts``
+        # then carries that average run time as ``eta``. Their difference is the
+        # Space's own statement of queueing, free of our clock and of the rank a
+        # burst of joins gets on an unlimited endpoint (gradio/queueing.py
+        # ``broadcast_estimations`` and ``process_events``).
+        self.queue_wait_s: float | None = None
+        self.run_eta_s: float | None = None
         self.started = False
         self.cancel_confirmed = False  # the Space answered a cancel of it (2xx)
         self.ended = False  # the Space sent its last message (it runs no more)
@@ -322,8 +337,9 @@ class Call:
         for item in found:
             path = item["path"]
             if not utils.is_http_url_like(path) and id(item) not in uploaded:
+                # Under the name the caller gave (file_arg(..., name=)): the app sees it.
                 uploaded[id(item)] = await self.session.space.upload(
-                    path, self.headers, self.session.app.max_file_size
+                    path, self.headers, self.session.app.max_file_size, item.get("orig_name")
                 )
         if not uploaded:
             return data
@@ -399,11 +415,23 @@ class Call:
     def _note_queue(self, event: UpstreamEvent) -> None:
         if isinstance(event, UpstreamStarted):
             self.started = True
+            self.run_eta_s = event.eta_s
+            if event.eta_s is not None and self._queue_eta_s is not None:
+                self.queue_wait_s = max(0.0, self._queue_eta_s - event.eta_s)
         elif (
             isinstance(event, UpstreamQueued) and not self.started and event.rank is not None
             and (self.queue_rank is None or event.rank >= self.queue_rank)
         ):  # fmt: skip
             self.queue_rank, self.queue_size = event.rank, event.queue_size
+            self._queue_eta_s = event.eta_s
+
+    @property
+    def congested(self) -> bool:
+        """The Space said this call would wait for a worker over half a run (an
+        unlimited endpoint never predicts a wait, whatever the rank a burst of joins
+        gets; a limited one does from rank 0 once its workers are all busy)."""
+        wait, run = self.queue_wait_s, self.run_eta_s
+        return wait is not None and run is not None and wait > 0.5 * run
 
     def _apply_diff(self, kind: Any, data: list[Any]) -> list[Any]:
         """Partial outputs after the first are diffs on sse_v2+ (gradio_client

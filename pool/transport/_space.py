@@ -3,9 +3,14 @@
 Every request to a Space goes through one client (keep-alive connections, cookies kept
 from ``/config`` for replica affinity, as gradio_client ``Client._get_config`` does).
 The client's limits follow the pool's rule of ``min_size``–``max_size`` sessions per
-Space: a running session holds its data stream and, where the app asks for it, its
+Space: a running session holds its data stream and, where a call needs it, its
 heartbeat, and makes short requests (join, upload, cancel, download) beside them, so
-up to three connections per session may be open and ``min_size`` stay warm.
+up to three connections per session may be open. Every one of them may stay alive
+between requests: a keep-alive cap below the connections in use closes a connection
+each time a busy session's request ends and opens a new one for the next (measured:
+~2.3 new TCP connections per call at saturation with the cap at ``3 × min_size``).
+Idle ones close after ``keepalive_expiry``; ``min_size`` (what the pool keeps warm) is
+accepted for symmetry and sets no limit here.
 """
 
 from __future__ import annotations
@@ -28,6 +33,9 @@ from ._app import AppInfo
 from ._files import Downloaded, download_to, file_url, safe_name
 
 _CONNS_PER_SESSION = 3
+# Idle connections close after this; below uvicorn's default keep-alive timeout (5 s),
+# so that the client, not the server, ends an idle connection.
+_KEEPALIVE_S = 4.0
 # Failures of a request that reused a kept-alive connection the server had closed:
 # the request never reached it, so it is safe to send again on a fresh connection.
 _STALE = (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError)
@@ -88,7 +96,8 @@ class SpaceTransport:
             verify=verify,
             limits=httpx.Limits(
                 max_connections=_CONNS_PER_SESSION * max_size,
-                max_keepalive_connections=max(min_size, 1) * _CONNS_PER_SESSION,
+                max_keepalive_connections=_CONNS_PER_SESSION * max_size,
+                keepalive_expiry=_KEEPALIVE_S,
             ),
             transport=transport,
         )
@@ -143,16 +152,18 @@ class SpaceTransport:
         return RateLimited(wait)
 
     async def upload(
-        self, path: str, headers: Mapping[str, str], max_file_size: int | None
-    ) -> str:
+        self, path: str, headers: Mapping[str, str], max_file_size: int | None,
+        name: str | None = None,
+    ) -> str:  # fmt: skip
         """``POST upload`` of one local file (multipart field ``files``, gradio/routes.py
-        ``upload_file``); its path on the Space."""
+        ``upload_file``) under ``name`` (default: the file's own), the name the app will
+        see (the Space keeps it as its path's last part); its path on the Space."""
         app = self._app or await self.load()
         # A local file: its size and chunks are read on the loop (short, no network).
         if max_file_size is not None and os.path.getsize(path) > max_file_size:  # noqa: ASYNC240
             raise ValueError(f"File {path} exceeds the maximum file size of {max_file_size} bytes")
         with open(path, "rb") as f:  # noqa: ASYNC230
-            files = [("files", (Path(path).name, f))]
+            files = [("files", (safe_name(name or Path(path).name), f))]
             response = await self.http.post(app.url(utils.UPLOAD_URL), files=files,
                                             headers=dict(headers))  # fmt: skip
         response.raise_for_status()

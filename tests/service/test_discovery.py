@@ -27,7 +27,7 @@ def kind_spaces() -> Iterator[dict[str, SpaceProcess]]:
         for kind in KINDS:
             started[kind] = SpaceProcess(f"k-{kind}", kind=kind, wait=False)
         for space in started.values():
-            space.wait_ready()
+            space.wait_ready(180)  # many Spaces starting at once on a loaded machine
         yield started
     finally:
         for space in started.values():
@@ -35,9 +35,7 @@ def kind_spaces() -> Iterator[dict[str, SpaceProcess]]:
 
 
 @pytest.fixture(scope="module")
-def service(
-    start_service: ServiceFactory, kind_spaces: dict[str, SpaceProcess]
-) -> ServiceProcess:
+def service(start_service: ServiceFactory, kind_spaces: dict[str, SpaceProcess]) -> ServiceProcess:
     spaces = ",".join(f"{s.name}={s.url}" for s in kind_spaces.values())
     return start_service(POOL_SPACES=spaces)
 

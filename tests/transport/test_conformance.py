@@ -39,7 +39,10 @@ from pool import (
 )
 from tests.conftest import PoolMaker
 
-KINDS = ("echo", "image", "stream", "chat", "shapes", "headers")
+KINDS = (
+    "echo", "image", "stream", "chat", "shapes", "headers", "upper", "state", "filename",
+    "zerogpu",
+)  # fmt: skip
 TRANSPORTS = ("gradio_client", "native")
 
 
@@ -160,6 +163,11 @@ def plain_calls(tmp_path: Path) -> list[Call]:
         ("shapes", "/echo", ("s", 0)),
         ("headers", "/copy", (document,)),
         ("headers", "/echo", ("h", 0)),
+        ("upper", "/predict", ("up",)),
+        ("state", "/predict", ("kept",)),
+        ("filename", "/predict", ([document, image],)),
+        ("zerogpu", "/gpu", ("z", 0.5)),  # 8 calls of 0.5 s within its 10 s quota
+        ("zerogpu", "/echo", ("zg", 0)),
     ]
 
 
@@ -179,12 +187,19 @@ ERROR_CALLS: list[Call] = [
 ]
 
 
+def _files(value: Any, wrap: Any) -> Any:
+    """``value`` with each Path (also in a list: a multi-file input) as ``wrap(path)``."""
+    if isinstance(value, Path):
+        return wrap(value)
+    return [_files(v, wrap) for v in value] if isinstance(value, list) else value
+
+
 def for_client(args: tuple[Any, ...]) -> list[Any]:
-    return [handle_file(str(a)) if isinstance(a, Path) else a for a in args]
+    return [_files(a, lambda p: handle_file(str(p))) for a in args]
 
 
 def for_pool(args: tuple[Any, ...]) -> list[Any]:
-    return [file_arg(a) if isinstance(a, Path) else a for a in args]
+    return [_files(a, file_arg) for a in args]
 
 
 async def reference(client: Client, api_name: str, args: tuple[Any, ...]) -> Any:

@@ -43,12 +43,14 @@ class Recorder:
     def __init__(self, upstream: str) -> None:
         self.upstream = upstream.rstrip("/")
         self.seen: list[tuple[str, str, str | None]] = []
+        self.ports: list[int] = []  # each request's client port: its TCP connection
         self.http = httpx.AsyncClient(timeout=httpx.Timeout(10, read=None))
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         assert scope["type"] == "http"
         request = Request(scope, receive)
         self.seen.append((request.method, request.url.path, request.headers.get("x-caller")))
+        self.ports.append(scope["client"][1])
         headers = [(k, v) for k, v in request.headers.raw if k.lower() not in _HOP]
         url = self.upstream + request.url.path + (f"?{request.url.query}" if request.url.query
                                                   else "")  # fmt: skip
@@ -79,10 +81,20 @@ def space() -> Iterator[SpaceProcess]:
 
 @pytest.fixture
 async def recorder(space: SpaceProcess) -> AsyncIterator[tuple[Recorder, str]]:
-    rec = Recorder(space.url)
+    async with recording(space.url) as got:
+        yield got
+
+
+@contextlib.asynccontextmanager
+async def recording(upstream: str) -> AsyncIterator[tuple[Recorder, str]]:
+    """A :class:`Recorder` in front of ``upstream``, served; (it, its URL)."""
+    rec = Recorder(upstream)
     port = free_port()
+    # A proxied heartbeat stream only notices its client left at its next ALIVE (15 s):
+    # shutting down does not wait for it.
     server = uvicorn.Server(uvicorn.Config(rec, host="127.0.0.1", port=port,
-                                           log_level="warning", lifespan="off"))  # fmt: skip
+                                           log_level="warning", lifespan="off",
+                                           timeout_graceful_shutdown=1))  # fmt: skip
     task = asyncio.get_running_loop().create_task(server.serve())
     while not server.started:
         assert not task.done(), "the recorder did not start"
