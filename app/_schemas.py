@@ -15,7 +15,8 @@ import re
 from collections.abc import Callable
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, JsonValue, field_validator, model_validator
+from pydantic.config import JsonDict
 
 from pool import LocalFile
 
@@ -35,6 +36,10 @@ API_NAME_PATTERN = r"^/?[A-Za-z_][A-Za-z0-9_.-]{0,127}$"
 SPACE_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$"
 EMAIL_PATTERN = r"^[^@\s]{1,64}@[^@\s]{1,189}$"
 KWARG_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]{0,63}$"
+_RESERVED: list[JsonValue] = [*sorted(RESERVED_KWARGS)]
+_KWARG_NAMES_SCHEMA: JsonDict = {
+    "propertyNames": {"pattern": KWARG_PATTERN, "not": {"enum": _RESERVED}}
+}
 
 
 def is_file_form(value: Any) -> bool:
@@ -102,9 +107,7 @@ class PredictRequest(BaseModel):
         default_factory=dict,
         max_length=MAX_KWARGS,
         # What _kwarg_names enforces, said in the OpenAPI too (so the schema is the truth).
-        json_schema_extra={
-            "propertyNames": {"pattern": KWARG_PATTERN, "not": {"enum": sorted(RESERVED_KWARGS)}}
-        },
+        json_schema_extra=_KWARG_NAMES_SCHEMA,
     )
     timeout_s: float | None = Field(
         default=None,
