@@ -30,6 +30,7 @@ from ._inputs import Call, identity_headers, read_call
 from ._jobs import JobRunner
 from ._logging import context_of
 from ._schemas import (
+    ERROR_RESPONSES,
     FINAL_STAGES,
     JobCreated,
     JobView,
@@ -38,29 +39,13 @@ from ._schemas import (
     Stage,
     to_jsonable,
 )
-from ._schemas import ErrorBody as _ErrorBody
 from ._settings import ServiceSettings
 from ._streaming import open_stream, wants_stream
 
 _log = logging.getLogger("spacepool.app")
 KEEPALIVE_S = 15.0
 
-_ERRORS: dict[int | str, dict[str, Any]] = {
-    code: {"model": _ErrorBody, "description": text}
-    for code, text in {
-        400: "a body that cannot be parsed (malformed JSON or multipart)",
-        401: "missing or wrong bearer token",
-        403: "admin endpoints: POOL_ADMIN_TOKEN unset, or not the admin token",
-        404: "unknown job, or unknown/expired session (session_not_found)",
-        410: "the session's Space restarted: its state is gone (session_lost)",
-        413: "body too large",
-        422: "invalid body, unknown api_name or Space, ambiguous endpoint, refused by policy",
-        429: "the caller's GPU quota on a ZeroGPU Space is spent (Retry-After)",
-        502: "the Space failed",
-        503: "busy (Retry-After), no healthy Space, shutting down",
-        504: "deadline exceeded",
-    }.items()
-}
+_ERRORS = ERROR_RESPONSES
 
 router = APIRouter()
 api = APIRouter(dependencies=[Depends(require_api_token)])
@@ -97,9 +82,7 @@ async def _read(request: Request) -> Call:
     """The body (JSON or multipart), checked by ``_prepare``, then its files on disk."""
     store: FileStore = request.app.state.files
     settings = _settings(request)
-    call = await read_call(
-        request, settings, store.incoming, lambda body: _prepare(request, body)
-    )
+    call = await read_call(request, settings, store.incoming, lambda body: _prepare(request, body))
     call.headers = identity_headers(request, settings)
     return call
 

@@ -260,3 +260,22 @@ def _convert(value: Any, depth: int, files: FileRenderer | None = None) -> Any:
         return str(value)
     except Exception:
         return None
+
+
+# The error answers of the API routes, for their OpenAPI "responses" (app._errors maps them).
+ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
+    code: {"model": ErrorBody, "description": text}
+    for code, text in {
+        400: "a body that cannot be parsed (malformed JSON or multipart)",
+        401: "missing or wrong bearer token",
+        403: "admin endpoints: POOL_ADMIN_TOKEN unset, or not the admin token",
+        404: "unknown job, or unknown/expired session (session_not_found)",
+        410: "the session's Space restarted: its state is gone (session_lost)",
+        413: "body too large",
+        422: "invalid body, unknown api_name or Space, ambiguous endpoint, refused by policy",
+        429: "the caller's GPU quota on a ZeroGPU Space is spent (Retry-After)",
+        502: "the Space failed",
+        503: "busy (Retry-After), no healthy Space, shutting down",
+        504: "deadline exceeded",
+    }.items()
+}
