@@ -82,7 +82,9 @@ async def _read(request: Request) -> Call:
     """The body (JSON or multipart), checked by ``_prepare``, then its files on disk."""
     store: FileStore = request.app.state.files
     settings = _settings(request)
-    call = await read_call(request, settings, store.incoming, lambda body: _prepare(request, body))
+    call = await read_call(
+        request, settings, store.incoming, lambda body: _prepare(request, body)
+    )
     call.headers = identity_headers(request, settings)
     return call
 

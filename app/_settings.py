@@ -69,15 +69,12 @@ class ServiceSettings(BaseSettings):
         default=256 * 1024, ge=0, description='largest file sent inline ("files": "inline")'
     )
     gradio_queue_wait_s: float = Field(
-        default=2.5,
-        ge=0,
-        description="Gradio front: longest wait for admission of an event"
-        " before the busy answer (gradio_client's join gives up after 5 s)",
+        default=2.5, ge=0, description="Gradio front: longest wait for admission of an event"
+        " before the busy answer (gradio_client's join gives up after 5 s)"
     )
     gradio_session_idle_s: float = Field(
-        default=1800.0,
-        gt=0,
-        description="Gradio front: a session with no request, stream or heartbeat this long ends",
+        default=1800.0, gt=0, description="Gradio front: a session with no request, stream"
+        " or heartbeat this long ends"
     )
 
     @field_validator("admin_token", "api_token", mode="before")

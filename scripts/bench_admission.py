@@ -261,30 +261,23 @@ async def main(args: argparse.Namespace) -> None:
                 if keys:
                     r.delete(*keys)
     base = rows[0].cycles_per_s
-    print(
-        f"\n{len(rows)} runs of {seconds:.1f}s; cycles: {TASKS} tasks/process, "
-        f"limit {SLOTS_PER_PROCESS}/process; hand-off: limit 1, {CONTENDERS} contenders, "
-        f"{HOLD_S * 1000:.0f} ms hold"
-    )
-    print(
-        f"{'store':<22} {'procs':>5} {'cycles/s':>10} {'vs limiter':>11} "
-        f"{'hand-off p50':>13} {'p99':>9} {'n':>6}"
-    )
+    print(f"\n{len(rows)} runs of {seconds:.1f}s; cycles: {TASKS} tasks/process, "
+          f"limit {SLOTS_PER_PROCESS}/process; hand-off: limit 1, {CONTENDERS} contenders, "
+          f"{HOLD_S * 1000:.0f} ms hold")
+    print(f"{'store':<22} {'procs':>5} {'cycles/s':>10} {'vs limiter':>11} "
+          f"{'hand-off p50':>13} {'p99':>9} {'n':>6}")
     for row in rows:
         ratio = f"{row.cycles_per_s / base:.2f}x" if row.processes == 1 else ""
-        print(
-            f"{row.store:<22} {row.processes:>5} {row.cycles_per_s:>10,.0f} {ratio:>11} "
-            f"{row.p(50):>10.2f} ms {row.p(99):>6.2f} ms {len(row.latencies_ms):>6}"
-        )
+        print(f"{row.store:<22} {row.processes:>5} {row.cycles_per_s:>10,.0f} {ratio:>11} "
+              f"{row.p(50):>10.2f} ms {row.p(99):>6.2f} ms {len(row.latencies_ms):>6}")
 
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="short runs (< 30 s in all)")
     parser.add_argument("--seconds", type=float, default=0.0, help="length of each run")
-    parser.add_argument(
-        "--redis", default=os.environ.get("SPACEPOOL_BENCH_REDIS", "redis://127.0.0.1:6379/0")
-    )
+    parser.add_argument("--redis", default=os.environ.get("SPACEPOOL_BENCH_REDIS",
+                                                          "redis://127.0.0.1:6379/0"))
     parser.add_argument("--worker", metavar="URL", help=argparse.SUPPRESS)
     ns = parser.parse_args()
     if ns.worker:

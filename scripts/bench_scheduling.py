@@ -127,7 +127,7 @@ async def main(rounds: int, hold_s: float, redis: str | None) -> None:
     with tempfile.TemporaryDirectory() as tmp, SpaceFleet(2) as fleet:
         for r in range(rounds):
             urls = _urls(tmp, redis, prefixes)
-            order = list(urls)[r % len(urls) :] + list(urls)[: r % len(urls)]
+            order = list(urls)[r % len(urls):] + list(urls)[: r % len(urls)]
             for variant in order:
                 waits.setdefault(variant, []).append(
                     await b_wait(fleet, variant, urls[variant], hold_s)

@@ -57,25 +57,12 @@ RETENTION_S = 3600.0
 
 def job_json(job_id: str) -> str:
     """A finished job's mirror as app/_shared_jobs.py writes it (same fields)."""
-    return json.dumps(
-        {
-            "job_id": job_id,
-            "stage": "done",
-            "created_at": time.time(),
-            "version": 7,
-            "queue_position": None,
-            "space": "alpha",
-            "result": "alpha: " + "x" * 300,
-            "error": None,
-            "updated_at": time.time(),
-            "partial": None,
-            "partial_index": None,
-            "attempts": 1,
-            "queued_ms": 12.5,
-            "duration_ms": 20311.0,
-            "waking": False,
-        }
-    )
+    return json.dumps({
+        "job_id": job_id, "stage": "done", "created_at": time.time(), "version": 7,
+        "queue_position": None, "space": "alpha", "result": "alpha: " + "x" * 300,
+        "error": None, "updated_at": time.time(), "partial": None, "partial_index": None,
+        "attempts": 1, "queued_ms": 12.5, "duration_ms": 20311.0, "waking": False,
+    })
 
 
 class Values:
@@ -101,12 +88,10 @@ class Values:
 
 async def fill(values: Values, jobs: int) -> None:
     for start in range(0, jobs, 200):
-        await asyncio.gather(
-            *(
-                values.put("job:" + uuid.uuid4().hex, job_json(str(i)), RETENTION_S)
-                for i in range(start, min(jobs, start + 200))
-            )
-        )
+        await asyncio.gather(*(
+            values.put("job:" + uuid.uuid4().hex, job_json(str(i)), RETENTION_S)
+            for i in range(start, min(jobs, start + 200))
+        ))
 
 
 async def background(values: Values, stop: asyncio.Event) -> None:
@@ -157,23 +142,11 @@ def redis_servers(args: argparse.Namespace) -> Iterator[list[str]]:
             with socket.socket() as probe:
                 probe.bind(("127.0.0.1", 0))
                 port = probe.getsockname()[1]
-            procs.append(
-                subprocess.Popen(
-                    [
-                        binary,
-                        "--bind",
-                        "127.0.0.1",
-                        "--port",
-                        str(port),
-                        "--save",
-                        "",
-                        "--appendonly",
-                        "no",
-                    ],
-                    stdout=subprocess.DEVNULL,
-                    stderr=subprocess.DEVNULL,
-                )
-            )
+            procs.append(subprocess.Popen(
+                [binary, "--bind", "127.0.0.1", "--port", str(port), "--save", "",
+                 "--appendonly", "no"],
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            ))
             urls.append(f"redis://127.0.0.1:{port}/0")
         deadline = time.monotonic() + 10
         while not all(redis_reachable(url) for url in urls):
@@ -268,35 +241,26 @@ def cleanup_redis(url_pair: list[str], base: str) -> None:
 
 
 async def main(args: argparse.Namespace) -> list[dict[str, Any]]:
-    print(
-        f"admission cycle, 0 vs {args.jobs} stored jobs, {args.workers} workers' value "
-        f"traffic; {args.rounds} rounds x {args.cycles} cycles per side"
-        f"{' (baseline API)' if args.baseline else ''}"
-    )
-    print(
-        f"{'store':8} {'0 jobs p50':>11} {'p95':>8} {'jobs p50':>10} {'p95':>8} "
-        f"{'ratio of p50s (min-max)':>24} {'of means':>9}"
-    )
+    print(f"admission cycle, 0 vs {args.jobs} stored jobs, {args.workers} workers' value "
+          f"traffic; {args.rounds} rounds x {args.cycles} cycles per side"
+          f"{' (baseline API)' if args.baseline else ''}")
+    print(f"{'store':8} {'0 jobs p50':>11} {'p95':>8} {'jobs p50':>10} {'p95':>8} "
+          f"{'ratio of p50s (min-max)':>24} {'of means':>9}")
     rows = []
     with tempfile.TemporaryDirectory(prefix="bench-jobs-") as folder:
         for kind in args.stores:
-            if (
-                kind == "redis"
-                and not shutil.which("redis-server")
-                and not redis_reachable(args.redis)
-            ):
+            if kind == "redis" and not shutil.which("redis-server") \
+                    and not redis_reachable(args.redis):
                 print(f"{kind:8} not measured: no redis-server, no Redis at {args.redis}")
                 continue
             with store_urls(kind, folder, args) as pair:
                 row = await measure(kind, pair, args)
             rows.append(row)
             e, j = row["empty"], row["jobs"]
-            print(
-                f"{kind:8} {e['median_us']:9.0f}us {e['p95_us']:6.0f}us "
-                f"{j['median_us']:8.0f}us {j['p95_us']:6.0f}us "
-                f"{row['ratio']:9.2f}x ({row['ratio_range'][0]:.2f}-"
-                f"{row['ratio_range'][1]:.2f}) {row['mean_ratio']:8.2f}x"
-            )
+            print(f"{kind:8} {e['median_us']:9.0f}us {e['p95_us']:6.0f}us "
+                  f"{j['median_us']:8.0f}us {j['p95_us']:6.0f}us "
+                  f"{row['ratio']:9.2f}x ({row['ratio_range'][0]:.2f}-"
+                  f"{row['ratio_range'][1]:.2f}) {row['mean_ratio']:8.2f}x")
     return rows
 
 
@@ -305,23 +269,15 @@ if __name__ == "__main__":
     parser.add_argument("--jobs", type=int, default=10_000)
     parser.add_argument("--rounds", type=int, default=30)
     parser.add_argument("--cycles", type=int, default=200)
-    parser.add_argument(
-        "--workers", type=int, default=8, help="service workers whose background load is simulated"
-    )
+    parser.add_argument("--workers", type=int, default=8,
+                        help="service workers whose background load is simulated")
     parser.add_argument("--stores", nargs="+", default=["memory", "sqlite", "redis"])
-    parser.add_argument(
-        "--redis", default=os.environ.get("SPACEPOOL_BENCH_REDIS", "redis://127.0.0.1:6379/15")
-    )
-    parser.add_argument(
-        "--shared-redis",
-        action="store_true",
-        help="both sides on --redis (two prefixes) instead of two servers",
-    )
-    parser.add_argument(
-        "--baseline",
-        action="store_true",
-        help="the coordinator of a checkout from before the split",
-    )
+    parser.add_argument("--redis", default=os.environ.get("SPACEPOOL_BENCH_REDIS",
+                                                          "redis://127.0.0.1:6379/15"))
+    parser.add_argument("--shared-redis", action="store_true",
+                        help="both sides on --redis (two prefixes) instead of two servers")
+    parser.add_argument("--baseline", action="store_true",
+                        help="the coordinator of a checkout from before the split")
     parser.add_argument("--json", help="also write the rows to this file")
     options = parser.parse_args()
     measured = asyncio.run(main(options))

@@ -155,10 +155,9 @@ def main() -> None:
     stop = threading.Event()
     threading.Thread(target=load_sampler, args=(loads, stop), daemon=True).start()
     results: dict[str, list[Sample]] = {"raw": [], "service": []}
-    with (
-        tempfile.TemporaryDirectory() as tmp,
-        SpaceProcess("streamer", kind="stream", startup_timeout_s=180) as space,
-    ):
+    with tempfile.TemporaryDirectory() as tmp, SpaceProcess(
+        "streamer", kind="stream", startup_timeout_s=180
+    ) as space:
         proc, url = start_service(space, Path(tmp))
         client = open_raw(space.url, shared_ssl=True)
         try:
@@ -200,7 +199,8 @@ def main() -> None:
             f"gap between partials {fmt_summary(Summary.of(gaps), 'ms')}"
         )
     paired = [
-        s["ttfp_ms"] - r["ttfp_ms"] for s, r in zip(results["service"], results["raw"], strict=True)
+        s["ttfp_ms"] - r["ttfp_ms"]
+        for s, r in zip(results["service"], results["raw"], strict=True)
     ]
     diff = statistics.median(paired)
     lag_diff = medians["service"]["lag"] - medians["raw"]["lag"]

@@ -15,7 +15,7 @@ def rewriter(space_root: str, front_root: str) -> Rewrite:
 
     def rewrite(value: Any) -> Any:
         if isinstance(value, str):
-            return dst + value[len(src) :] if value.startswith(src) else value
+            return dst + value[len(src):] if value.startswith(src) else value
         if isinstance(value, list):
             return [rewrite(v) for v in value]
         if isinstance(value, dict):

@@ -220,7 +220,9 @@ class FrontSession:
         if isinstance(error, CallCancelled):
             return  # the Space completes a cancelled event itself (relayed)
         if not relayed:  # the Space will not complete it any more
-            self.outbox.put_nowait(completed_error(event_id, f"the Space failed: {error}"))
+            self.outbox.put_nowait(
+                completed_error(event_id, f"the Space failed: {error}")
+            )
 
     def _drop(self, space: str) -> None:
         """The Space dropped the upstream session: its state is gone; route again."""
@@ -325,6 +327,8 @@ class FrontSessions:
             self._sweeper.cancel()
         sessions, self._sessions = list(self._sessions.values()), {}
         await asyncio.gather(*(s.aclose() for s in sessions), return_exceptions=True)
+
+
 
 
 def _remove_old(folder: Path, before: float) -> None:
