@@ -3,8 +3,8 @@
     python scripts/_soak_service.py PORT
 
 With ``SOAK_TRACE=1`` it also looks for what grows: tracemalloc (10 frames) and a count
-of live objects by type, a first snapshot 30 s in (after warm-up) and a diff against it
-every 30 s, the top 15 of each written to ``SOAK_TRACE_FILE`` (debugging only: it
+of live objects by type, a first snapshot ``SOAK_TRACE_WARMUP_S`` (60) s in, after the
+imports and the first retention windows, and a diff against it every 30 s, the top 15 of each written to ``SOAK_TRACE_FILE`` (debugging only: it
 slows the service several-fold).
 """
 
@@ -34,7 +34,7 @@ def _snapshot() -> tracemalloc.Snapshot:
 
 
 def _trace(path: Path, every_s: float = 30.0) -> None:
-    time.sleep(every_s)
+    time.sleep(float(os.environ.get("SOAK_TRACE_WARMUP_S", "60")))  # imports, first windows
     first, first_types = _snapshot(), _types()
     while True:
         time.sleep(every_s)
@@ -44,7 +44,7 @@ def _trace(path: Path, every_s: float = 30.0) -> None:
         lines = [f"== {time.strftime('%H:%M:%S')} tracemalloc growth since warm-up"]
         for stat in top:
             lines.append(f"{stat.size_diff / 1024:+9.1f} KiB {stat.count_diff:+7d} objects")
-            lines += [f"      {frame}" for frame in stat.traceback.format()[-6:]]
+            lines += [f"      {frame}" for frame in stat.traceback.format()[-10:]]
         growth = Counter({k: types[k] - first_types.get(k, 0) for k in types})
         lines.append("== live objects by type, growth since warm-up")
         lines += [f"{n:+8d} {name}" for name, n in growth.most_common(15)]
