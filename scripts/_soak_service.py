@@ -4,8 +4,8 @@
 
 With ``SOAK_TRACE=1`` it also looks for what grows: tracemalloc (10 frames) and a count
 of live objects by type, a first snapshot ``SOAK_TRACE_WARMUP_S`` (60) s in, after the
-imports and the first retention windows, and a diff against it every 30 s, the top 15 of each written to ``SOAK_TRACE_FILE`` (debugging only: it
-slows the service several-fold).
+imports and the first retention windows, and a diff against it every 30 s, the top 15
+of each written to ``SOAK_TRACE_FILE`` (debugging only: it slows the service several-fold).
 """
 
 from __future__ import annotations
