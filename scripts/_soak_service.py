@@ -29,7 +29,9 @@ def _types() -> Counter[str]:
 
 def _snapshot() -> tracemalloc.Snapshot:
     """The traces, without this module's own work (formatting reads sources: linecache)."""
-    mine = [tracemalloc.Filter(False, f) for f in (__file__, linecache.__file__)]
+    mine = [
+        tracemalloc.Filter(False, f) for f in (__file__, linecache.__file__, tracemalloc.__file__)
+    ]
     return tracemalloc.take_snapshot().filter_traces(mine)
 
 
