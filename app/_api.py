@@ -30,6 +30,7 @@ from ._inputs import Call, identity_headers, read_call
 from ._jobs import JobRunner
 from ._logging import context_of
 from ._schemas import (
+    ERROR_RESPONSES,
     FINAL_STAGES,
     JobCreated,
     JobView,
@@ -38,29 +39,13 @@ from ._schemas import (
     Stage,
     to_jsonable,
 )
-from ._schemas import ErrorBody as _ErrorBody
 from ._settings import ServiceSettings
 from ._streaming import open_stream, wants_stream
 
 _log = logging.getLogger("spacepool.app")
 KEEPALIVE_S = 15.0
 
-_ERRORS: dict[int | str, dict[str, Any]] = {
-    code: {"model": _ErrorBody, "description": text}
-    for code, text in {
-        400: "a body that cannot be parsed (malformed JSON or multipart)",
-        401: "missing or wrong bearer token",
-        403: "admin endpoints: POOL_ADMIN_TOKEN unset, or not the admin token",
-        404: "unknown job, or unknown/expired session (session_not_found)",
-        410: "the session's Space restarted: its state is gone (session_lost)",
-        413: "body too large",
-        422: "invalid body, unknown api_name or Space, ambiguous endpoint, refused by policy",
-        429: "the caller's GPU quota on a ZeroGPU Space is spent (Retry-After)",
-        502: "the Space failed",
-        503: "busy (Retry-After), no healthy Space, shutting down",
-        504: "deadline exceeded",
-    }.items()
-}
+_ERRORS = ERROR_RESPONSES
 
 router = APIRouter()
 api = APIRouter(dependencies=[Depends(require_api_token)])
@@ -116,13 +101,14 @@ _BODY_DOC: dict[str, Any] = {
                     "required": ["body"],
                     "properties": {
                         "body": {
-                            "type": "string",
+                            **PredictRequest.model_json_schema(),
                             "description": "the JSON body; file arguments refer to parts"
                             ' as {"file": {"upload": "<part name>"}}',
                         }
                     },
                     "additionalProperties": {"type": "string", "format": "binary"},
-                }
+                },
+                "encoding": {"body": {"contentType": "application/json"}},
             },
         },
     }

@@ -15,7 +15,8 @@ import re
 from collections.abc import Callable
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, JsonValue, field_validator, model_validator
+from pydantic.config import JsonDict
 
 from pool import LocalFile
 
@@ -35,6 +36,10 @@ API_NAME_PATTERN = r"^/?[A-Za-z_][A-Za-z0-9_.-]{0,127}$"
 SPACE_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$"
 EMAIL_PATTERN = r"^[^@\s]{1,64}@[^@\s]{1,189}$"
 KWARG_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]{0,63}$"
+_RESERVED: list[JsonValue] = [*sorted(RESERVED_KWARGS)]
+_KWARG_NAMES_SCHEMA: JsonDict = {
+    "propertyNames": {"pattern": KWARG_PATTERN, "not": {"enum": _RESERVED}}
+}
 
 
 def is_file_form(value: Any) -> bool:
@@ -98,7 +103,12 @@ class PredictRequest(BaseModel):
         max_length=129, pattern=API_NAME_PATTERN, description="endpoint, e.g. /predict"
     )
     args: list[Any] = Field(default_factory=list, max_length=MAX_ARGS)
-    kwargs: dict[str, Any] = Field(default_factory=dict, max_length=MAX_KWARGS)
+    kwargs: dict[str, Any] = Field(
+        default_factory=dict,
+        max_length=MAX_KWARGS,
+        # What _kwarg_names enforces, said in the OpenAPI too (so the schema is the truth).
+        json_schema_extra=_KWARG_NAMES_SCHEMA,
+    )
     timeout_s: float | None = Field(
         default=None,
         gt=0,
@@ -250,3 +260,22 @@ def _convert(value: Any, depth: int, files: FileRenderer | None = None) -> Any:
         return str(value)
     except Exception:
         return None
+
+
+# The error answers of the API routes, for their OpenAPI "responses" (app._errors maps them).
+ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
+    code: {"model": ErrorBody, "description": text}
+    for code, text in {
+        400: "a body that cannot be parsed (malformed JSON or multipart)",
+        401: "missing or wrong bearer token",
+        403: "admin endpoints: POOL_ADMIN_TOKEN unset, or not the admin token",
+        404: "unknown job, or unknown/expired session (session_not_found)",
+        410: "the session's Space restarted: its state is gone (session_lost)",
+        413: "body too large",
+        422: "invalid body, unknown api_name or Space, ambiguous endpoint, refused by policy",
+        429: "the caller's GPU quota on a ZeroGPU Space is spent (Retry-After)",
+        502: "the Space failed",
+        503: "busy (Retry-After), no healthy Space, shutting down",
+        504: "deadline exceeded",
+    }.items()
+}

@@ -25,9 +25,11 @@ from pool import PoolSession, get_pool
 
 from ._auth import require_api_token
 from ._logging import context_of
-from ._schemas import EMAIL_PATTERN, SPACE_PATTERN
+from ._schemas import EMAIL_PATTERN, ERROR_RESPONSES, SPACE_PATTERN
 
-router = APIRouter(dependencies=[Depends(require_api_token)], tags=["sessions"])
+router = APIRouter(
+    dependencies=[Depends(require_api_token)], tags=["sessions"], responses=ERROR_RESPONSES
+)
 SESSION_PATTERN = r"^[A-Za-z0-9_-]{16,64}$"
 
 

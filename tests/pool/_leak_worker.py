@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import faulthandler
 import json
 import os
 import signal
@@ -41,6 +42,7 @@ from pool import DeadlineExceeded, Pool, PoolError, PoolSettings, UpstreamStarte
 NATIVE = os.environ.get("POOL_TRANSPORT", "native") == "native"
 
 _BOUND_S = 10.0  # every wait below gives up after this
+_HANG_S = 240.0  # a hang guard only: stacks of every thread, then exit (not a measure)
 
 
 def snapshot() -> dict[str, Any]:
@@ -317,6 +319,7 @@ def main() -> int:
     parser.add_argument("--store", required=True)
     parser.add_argument("--freeze-pid", type=int, default=0)
     args = parser.parse_args()
+    faulthandler.dump_traceback_later(_HANG_S, exit=True)
     if args.what == "stuck":
         result = asyncio.run(run_stuck(args.store, args.freeze_pid))
     else:

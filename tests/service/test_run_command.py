@@ -19,10 +19,26 @@ import pytest
 
 from app.__main__ import DEMO_SPACES
 from devspaces import free_port
+from tests.test_readme import NOT_RUN, pasted_commands, run_pasted
 
 from .conftest import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
+
+
+def run_readme_and_banner_commands(url: str, token: str, directory: Path) -> None:
+    """Every shell command of README.md and of the banner, pasted into bash against this
+    demo (the README's port 7860 replaced by the test's, as the README says to): each
+    answer is 2xx and non-empty; the flipped image is a PNG. Not run: NOT_RUN."""
+    (directory / "examples").symlink_to(ROOT / "examples")  # "from the checkout"
+    env = {**os.environ, "POOL_ADMIN_TOKEN": token, "NO_PROXY": "*", "no_proxy": "*"}
+    scripts = pasted_commands(url)
+    assert len(scripts) == 7, scripts  # 2 README blocks, 5 banner commands
+    for script in scripts:
+        _, sizes = run_pasted(script, directory, env)
+        assert sizes and all(size > 0 for size in sizes), (script, sizes)
+    assert (directory / "flipped.png").read_bytes().startswith(b"\x89PNG")
+    print(f"\n{len(scripts)} pasted scripts answered; not run: {NOT_RUN}")
 
 
 @pytest.mark.timeout(300)
@@ -96,6 +112,8 @@ def test_python_m_app_starts_demo_spaces_serves_and_stops_cleanly(tmp_path: Path
             timeout=10,
         )
         assert stats.status_code == 200 and set(stats.json()["pools"]) == set(DEMO_SPACES)
+
+        run_readme_and_banner_commands(url, token.group(1), tmp_path)
 
         started = time.monotonic()
         proc.send_signal(signal.SIGINT)
