@@ -30,10 +30,11 @@ Saved = list[tuple[str, str, str, str]]
 """A jar as plain data (name, value, domain, path), to keep a session's replica."""
 
 
-def no_cookies() -> httpx.Cookies:
-    """A jar that refuses every cookie (for the Space's shared client)."""
-    return httpx.Cookies(http.cookiejar.CookieJar(http.cookiejar.DefaultCookiePolicy(
-        allowed_domains=[])))  # fmt: skip
+def no_cookies() -> http.cookiejar.CookieJar:
+    """A jar that refuses every cookie, for the Space's shared client (given as a
+    ``CookieJar``: httpx copies an ``httpx.Cookies`` into a default jar)."""
+    policy = http.cookiejar.DefaultCookiePolicy(allowed_domains=[])
+    return http.cookiejar.CookieJar(policy)
 
 
 class Affinity:
@@ -51,6 +52,8 @@ class Affinity:
     ) -> dict[str, str]:
         """``extra`` plus the ``cookie`` header this jar sends to ``url``."""
         out = dict(extra or {})
+        if not self.jar:
+            return out
         probe = httpx.Request("GET", url)
         self.jar.set_cookie_header(probe)
         if "cookie" in probe.headers:
