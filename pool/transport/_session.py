@@ -22,7 +22,7 @@ Here one reader task per session reads the stream and hands each message to its 
 at once (``Call._on_message``: no polling, no thread). A message for an event whose
 join has not returned yet is kept until the call registers. Every request of a call —
 upload, join, cancel, and the data stream and heartbeat it opens — carries that call's
-headers, and no other call's.
+headers, and no other call's, and the session's replica cookies (:mod:`._affinity`).
 """
 
 from __future__ import annotations
