@@ -166,7 +166,7 @@ class SpaceProcess:
         config_delay_s: float = 0.0,
         concurrency_limit: int = 64,
         max_size: int | None = None,
-        startup_timeout_s: float = 60.0,
+        startup_timeout_s: float = 180.0,
         wait: bool = True,
         kind: str = "echo",
     ) -> None:
@@ -368,7 +368,7 @@ class SpaceFleet:
         config_delay_s: float = 0.0,
         concurrency_limit: int = 64,
         max_size: int | None = None,
-        startup_timeout_s: float = 60.0,
+        startup_timeout_s: float = 180.0,
         kind: str | Sequence[str] = "echo",
     ) -> None:
         if names is None and count > len(DEFAULT_NAMES):

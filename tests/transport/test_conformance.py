@@ -39,7 +39,10 @@ from pool import (
 )
 from tests.conftest import PoolMaker
 
-KINDS = ("echo", "image", "stream", "chat", "shapes", "headers", "upper", "state", "filename")
+KINDS = (
+    "echo", "image", "stream", "chat", "shapes", "headers", "upper", "state", "filename",
+    "zerogpu",
+)  # fmt: skip
 TRANSPORTS = ("gradio_client", "native")
 
 
@@ -163,6 +166,8 @@ def plain_calls(tmp_path: Path) -> list[Call]:
         ("upper", "/predict", ("up",)),
         ("state", "/predict", ("kept",)),
         ("filename", "/predict", ([document, image],)),
+        ("zerogpu", "/gpu", ("z", 0.5)),  # 8 calls of 0.5 s within its 10 s quota
+        ("zerogpu", "/echo", ("zg", 0)),
     ]
 
 
