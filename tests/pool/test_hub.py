@@ -24,6 +24,7 @@ from pool import (
     UpstreamQueued,
 )
 from pool._quota import quota_error
+from pool._replicas import KEEP, Replicas
 
 SECRET = "hf_private_token_for_tests_7c3d91"
 
@@ -190,6 +191,18 @@ async def test_the_spaces_own_queue_sets_the_window(clean_fleet: SpaceFleet) -> 
             assert stats["spaceQueue"] is not None
         finally:
             await pool.aclose()
+
+
+def test_known_replicas_decide_what_a_restart_is() -> None:
+    """An app_id seen before is no restart; one never seen is (and is known after);
+    the oldest age out past KEEP."""
+    replicas = Replicas()
+    replicas.note("a")
+    assert not replicas.is_restart("a")
+    assert replicas.is_restart("b") and not replicas.is_restart("b")
+    for n in range(KEEP):
+        replicas.note(n)
+    assert len(replicas) == KEEP and not replicas.known("a") and replicas.is_restart("a")
 
 
 async def test_replicated_space_spreads_sessions_each_kept_on_its_replica(
