@@ -9,6 +9,8 @@ session (``gr.State``, the event itself) would be lost.
 :func:`cookie_front` does that for ``backends``: a request without the cookie goes to
 the next replica in turn and its answer sets ``spacepool-replica=<n>``; a request with
 it goes to replica ``n``. Bodies are streamed both ways (the server-sent events too).
+Paths in ``app.loose`` (a set the test fills) ignore the cookie and go to the next
+replica in turn: a request the Hub routes to another replica than its cookie names.
 """
 
 from __future__ import annotations
@@ -32,10 +34,11 @@ _HOP = frozenset({b"host", b"connection", b"keep-alive", b"transfer-encoding", b
 
 def cookie_front(backends: Sequence[str]) -> ASGIApp:
     """The front's ASGI app over ``backends`` (base URLs); ``app.routed`` counts requests
-    per replica."""
+    per replica, ``app.loose`` holds the paths routed without regard to the cookie."""
     turn = itertools.cycle(range(len(backends)))
     http = httpx.AsyncClient(timeout=httpx.Timeout(10.0, read=None))
     routed = [0] * len(backends)
+    loose: set[str] = set()
 
     async def app(scope: Scope, receive: Callable[[], Awaitable[Message]],
                   send: Callable[[Message], Awaitable[None]]) -> None:  # fmt: skip
@@ -44,7 +47,10 @@ def cookie_front(backends: Sequence[str]) -> ASGIApp:
         headers = [(k, v) for k, v in scope["headers"] if k.lower() not in _HOP]
         cookies = SimpleCookie(dict(scope["headers"]).get(b"cookie", b"").decode())
         known = cookies.get(COOKIE)
-        replica = int(known.value) if known is not None else next(turn)
+        if known is not None and scope["path"] not in loose:
+            replica = int(known.value)
+        else:
+            replica = next(turn)
         routed[replica] += 1
         body = b""
         while True:
@@ -71,4 +77,5 @@ def cookie_front(backends: Sequence[str]) -> ASGIApp:
             await response.aclose()
 
     app.routed = routed  # type: ignore[attr-defined]
+    app.loose = loose  # type: ignore[attr-defined]
     return app

@@ -123,6 +123,14 @@ class Connection:
         prefixed = str(getattr(self.client, "src_prefixed", "") or self.client.src)
         return prefixed.rstrip("/") + "/app_id"
 
+    def probe_headers(self) -> dict[str, str]:
+        """The cookies that keep a probe on this connection's replica: the Space's home
+        jar (native), or the Client's own cookies from its ``/config`` (fallback)."""
+        if isinstance(self.client, NativeClient):
+            return self.client.transport.home.headers(self.probe_url())
+        cookies = getattr(self.client, "cookies", None) or {}
+        return {"cookie": "; ".join(f"{k}={v}" for k, v in cookies.items())} if cookies else {}
+
 
 def quiet_gradio_env() -> None:
     """No telemetry, no implicit token (GRADIO_FACTS.md)."""

@@ -127,8 +127,9 @@ async def fetch(
     name = safe_name(data.get("orig_name") or data["path"])
     try:
         if isinstance(client, NativeClient):
-            got = await client.transport.download(data, directory, max_bytes=max_bytes,
-                                                  headers=headers)  # fmt: skip
+            got = await client.transport.download(
+                data, directory, max_bytes=max_bytes, headers=headers, affinity=client.affinity
+            )
         else:  # the fallback: the Client's headers and cookies, the pool's HTTP client
             assert http is not None
             sent = {**(getattr(client, "headers", None) or {}), **(headers or {})}

@@ -22,7 +22,7 @@ from typing import Any
 from ._exceptions import PoolClosedError
 from ._legacy import GradioFactory
 from ._tls import shared_ssl_context
-from .transport import AppInfo, Call, ProtocolNotSupported, Session, SpaceTransport
+from .transport import Affinity, AppInfo, Call, ProtocolNotSupported, Session, SpaceTransport
 
 
 class NativeClient:
@@ -46,10 +46,16 @@ class NativeClient:
             self._session = Session(self.transport, self.app)
         return self._session
 
-    def use_session(self, session_hash: str) -> Session:
-        """Continue a known ``session_hash`` (its ``gr.State``) on this connection."""
+    @property
+    def affinity(self) -> Affinity | None:
+        """The current session's replica cookies (None before a session was made)."""
+        return self._session.affinity if self._session is not None else None
+
+    def use_session(self, session_hash: str, affinity: Affinity | None = None) -> Session:
+        """Continue a known ``session_hash`` (its ``gr.State``) on this connection, on
+        the replica ``affinity``'s cookies reach."""
         self.reset_session()
-        self._session = Session(self.transport, self.app, session_hash)
+        self._session = Session(self.transport, self.app, session_hash, affinity)
         return self._session
 
     def reset_session(self) -> None:

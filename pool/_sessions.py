@@ -22,11 +22,18 @@ identity is answered as for an unknown id (:class:`SessionNotFound`).
 A Space that restarted has lost every session: each call first asks the Space for its
 ``app_id`` (``gradio_api/app_id``, a few bytes); one that differs from the session's
 is :class:`SessionLost` and the session is deleted — never a fresh state in silence.
+
+A replicated Space keeps a session on one replica through cookies
+(pool/transport/_affinity.py): the session's first request (that ``app_id`` question,
+when it is opened) reaches some replica, whose cookies the record keeps (``replica``),
+so every later call of the session, on any connection or worker, reaches it again, and
+the ``app_id`` compared is that replica's.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import json
 import secrets
@@ -40,6 +47,7 @@ from ._connection import Connection
 from ._exceptions import InvalidRequest, SessionLost, SessionNotFound, UnknownSpace
 from ._native import NativeClient
 from ._space_pool import SpacePool
+from .transport import Affinity
 
 if TYPE_CHECKING:
     from ._pool import Pool
@@ -69,11 +77,20 @@ class SessionRecord:
     owner: str | None  # keyed hash of the email that opened it; None: anonymous
     app_id: Any
     used: float  # wall clock of the last call (or the opening)
+    replica: tuple[tuple[str, str, str, str], ...] = ()  # the replica's cookies (Affinity)
 
     def dumps(self) -> str:
         return json.dumps({"space": self.space, "upstream": self.upstream,
                            "owner": self.owner, "app_id": self.app_id,
-                           "used": self.used})  # fmt: skip
+                           "used": self.used, "replica": self.replica})  # fmt: skip
+
+    def renewed(self, used: float) -> SessionRecord:
+        return dataclasses.replace(self, used=used)
+
+
+def _cookies(raw: Any) -> tuple[tuple[str, str, str, str], ...]:
+    """A record's ``replica`` back from JSON (lists of four strings)."""
+    return tuple((str(n), str(v), str(d), str(p)) for n, v, d, p in raw)
 
 
 def _key(session_id: str) -> str:
@@ -106,13 +123,15 @@ class Sessions:
         sp = pool.spaces[space]
         async with pool.clock.timeout(None):  # real I/O, bounded by the connect timeout
             conn = await sp.checkout()
+        affinity = Affinity()  # the replica this first request reaches is the session's
         try:
-            app_id = await self._current_app_id(sp, conn)
+            app_id = await self._current_app_id(sp, conn, affinity, first=True)
         finally:
             sp.checkin(conn, discard=False)
         session_id = secrets.token_urlsafe(24)
         now = pool.clock.wall()
-        record = SessionRecord(_key(session_id), space, uuid.uuid4().hex, user, app_id, now)
+        record = SessionRecord(_key(session_id), space, uuid.uuid4().hex, user, app_id, now,
+                               tuple(affinity.saved()))  # fmt: skip
         await pool.coordinator.values.put(record.key, record.dumps(), self.idle_s)
         return PoolSession(session_id, space, now + self.idle_s)
 
@@ -126,7 +145,8 @@ class Sessions:
         try:
             data = json.loads(raw)
             record = SessionRecord(key, str(data["space"]), str(data["upstream"]),
-                                   data["owner"], data["app_id"], float(data["used"]))  # fmt: skip
+                                   data["owner"], data["app_id"], float(data["used"]),
+                                   _cookies(data.get("replica", ())))  # fmt: skip
         except (ValueError, KeyError, TypeError):
             raise missing from None
         if record.owner != self._pool.hash_user(email) or record.space not in self._pool.spaces:
@@ -158,15 +178,15 @@ class Sessions:
             raise InvalidRequest(
                 f"the session is on Space {record.space!r}, not {space!r}: leave space out"
             )
-        renewed = SessionRecord(record.key, record.space, record.upstream, record.owner,
-                                record.app_id, self._pool.clock.wall())  # fmt: skip
+        renewed = record.renewed(self._pool.clock.wall())
         await self._pool.coordinator.values.put(renewed.key, renewed.dumps(), self.idle_s)
         return renewed
 
     async def attach(self, sp: SpacePool, conn: Connection, record: SessionRecord) -> None:
         """Continue ``record``'s upstream session on the leased ``conn``; SessionLost
         (and the session deleted) if the Space restarted since it was opened."""
-        if await self._current_app_id(sp, conn) != record.app_id:
+        affinity = Affinity(record.replica)
+        if await self._current_app_id(sp, conn, affinity) != record.app_id:
             with contextlib.suppress(Exception):
                 await self._pool.coordinator.values.delete(record.key)
             raise SessionLost(
@@ -175,22 +195,42 @@ class Sessions:
             )
         client = conn.client
         if isinstance(client, NativeClient):
-            client.use_session(record.upstream)
+            client.use_session(record.upstream, affinity)
         else:  # a gradio_client.Client: its jobs carry client.session_hash
             client.session_hash = record.upstream
 
-    async def _current_app_id(self, sp: SpacePool, conn: Connection) -> Any:
-        """The Space's ``app_id`` now (native: asked; fallback: the connection's). A new
-        one makes the Space's connections be rebuilt."""
+    async def _current_app_id(
+        self, sp: SpacePool, conn: Connection, affinity: Affinity, first: bool = False
+    ) -> Any:
+        """The ``app_id`` of the session's replica now (native: asked through its
+        cookies; fallback: the connection's). One never seen on the Space makes its
+        connections be rebuilt, unless it is the first answer of a new session and the
+        home replica still answers a known one (a replica met: pool/_replicas.py)."""
         client = conn.client
         if not isinstance(client, NativeClient):
             return conn.app_id
         try:
-            response = await client.transport.http.get(client.app.url("app_id"))
+            url = client.app.url("app_id")
+            response = await affinity.send(client.transport.http, "GET", url)
             response.raise_for_status()
             current = response.json().get("app_id")
         except (httpx.HTTPError, ValueError):
             return conn.app_id  # not answering: the call itself will fail over or fail
-        if current != sp.app_id:
+        if sp.replicas.known(current):
+            return current
+        if first and await self._home_unchanged(sp, client):
+            sp.replicas.note(current)  # the home replica runs on: another replica, met
+        elif sp.replicas.is_restart(current):
             sp.restarted(current)
         return current
+
+    @staticmethod
+    async def _home_unchanged(sp: SpacePool, client: NativeClient) -> bool:
+        """Whether the replica the pool's own requests reach still answers a known
+        ``app_id`` (then a new one a session met is another replica, not a restart)."""
+        with contextlib.suppress(httpx.HTTPError, ValueError):
+            url = client.app.url("app_id")
+            response = await client.transport.home.send(client.transport.http, "GET", url)
+            response.raise_for_status()
+            return sp.replicas.known(response.json().get("app_id"))
+        return False

@@ -18,6 +18,7 @@ import contextlib
 import logging
 import time
 from collections import deque
+from collections.abc import Mapping
 from concurrent.futures import Executor
 from typing import Any
 
@@ -29,6 +30,7 @@ from ._connection import ClientFactory, Connection, ConnState, close_client
 from ._errors import classify_connect
 from ._exceptions import PoolClosedError, PoolError, UpstreamTransportError
 from ._legacy import NAME_WAIT_S
+from ._replicas import Replicas
 from ._spaces import SpaceSpec
 from .resilience import RetryPolicy
 
@@ -72,6 +74,7 @@ class SpacePool:
         self._closed = False
         self.generation = 0
         self.app_id: object = None
+        self.replicas = Replicas()  # every app_id seen: pool/_replicas.py
         self.probe_url: str | None = (
             spec.src + "gradio_api/app_id" if spec.src.startswith("http") else None
         )
@@ -263,7 +266,8 @@ class SpacePool:
         self.last_error = None
         if self.app_id is None or first:
             self.app_id = conn.app_id
-        elif conn.app_id != self.app_id:
+            self.replicas.note(conn.app_id)
+        elif conn.app_id != self.app_id and self.replicas.is_restart(conn.app_id):
             # The Space restarted since our other connections were made.
             self.app_id = conn.app_id
             self.generation += 1
@@ -332,6 +336,7 @@ class SpacePool:
     def restarted(self, app_id: object) -> None:
         """The Space's ``app_id`` changed: rebuild every connection."""
         self.app_id = app_id
+        self.replicas.note(app_id)
         self.generation += 1
         self._drop_stale_idle()
         self._top_up()
@@ -386,9 +391,12 @@ class SpacePool:
                 reaped += 1
         return reaped
 
-    async def probe(self, http: httpx.AsyncClient, url: str) -> object:
-        """``GET …/gradio_api/app_id``: the Space's current app id (raises on failure)."""
-        response = await http.get(url)
+    async def probe(
+        self, http: httpx.AsyncClient, url: str, headers: Mapping[str, str] | None = None
+    ) -> object:
+        """``GET …/gradio_api/app_id``: the Space's current app id (raises on failure);
+        ``headers``: the connection's cookies (:meth:`Connection.probe_headers`)."""
+        response = await http.get(url, headers=headers)
         response.raise_for_status()
         return response.json().get("app_id")
 

@@ -117,7 +117,7 @@ class Upkeep:
             return
         for conn in sample:
             try:
-                app_id = await sp.probe(http, conn.probe_url())
+                app_id = await sp.probe(http, conn.probe_url(), conn.probe_headers())
             except Exception:
                 conn.failures += 1
                 emit(self._hooks, PoolEvent("health", sp.name, "failed"))
@@ -125,7 +125,8 @@ class Upkeep:
                     sp.discard_idle(conn)
                 continue
             conn.failures = 0
-            if conn.app_id is not None and app_id != conn.app_id:
+            # Another replica's app_id (seen before) is no restart: pool/_replicas.py.
+            if conn.app_id is not None and app_id != conn.app_id and sp.replicas.is_restart(app_id):
                 emit(self._hooks, PoolEvent("health", sp.name, "restarted"))
                 sp.restarted(app_id)
                 return

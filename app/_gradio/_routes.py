@@ -104,7 +104,8 @@ async def config(request: Request) -> Response:
 async def info(request: Request) -> Response:
     """The Space's ``info`` as it answers it (with the caller's query)."""
     _, transport, app = await served(get_pool(), _scope(request))
-    upstream = await transport.http.get(app.url("info"), params=request.query_params)
+    upstream = await transport.home.send(transport.http, "GET", app.url("info"),
+                                         params=request.query_params)  # fmt: skip
     body = rewriter(app.src, _front_root(request))(upstream.json())
     return JSONResponse(body, status_code=upstream.status_code)
 

@@ -82,7 +82,9 @@ async def open_file(
     """The Space's ``file=`` response for ``path`` (gradio/routes.py ``file``), open
     for streaming; None when the Space does not serve it."""
     url = app.url("file=" + path)
-    request = transport.http.build_request("GET", url)
+    # The home replica's cookies (pool/transport/_affinity.py): the front cannot tell
+    # which session, hence which replica, made the file.
+    request = transport.http.build_request("GET", url, headers=transport.home.headers(url))
     response = await transport.http.send(request, stream=True)
     try:
         yield response if response.status_code == 200 else None

@@ -9,7 +9,8 @@ only in whether partial outputs are diffs and in when the server ends the data s
   ``app_id`` (:class:`SpaceTransport.load`; a new connection costs one ``app_id``
   request to find out whether the Space restarted);
 * per lease a :class:`Session` (a fresh ``session_hash``, so no ``gr.State`` crosses
-  users; or one given, to keep state on purpose): ``queue/join``, one reader of the
+  users; or one given, to keep state on purpose) with its own replica cookies
+  (:class:`Affinity`): ``queue/join``, one reader of the
   session's ``queue/data`` stream dispatching each message to its :class:`Call` the
   moment it arrives, ``cancel``, the ``heartbeat`` stream where a call needs it;
 * ``upload`` of input files and the download of output files (retried once when a
@@ -30,6 +31,7 @@ What it does not speak: the ``ws`` and ``sse`` (v0) protocols of Gradio 3 —
 
 from __future__ import annotations
 
+from ._affinity import Affinity
 from ._app import NATIVE_PROTOCOLS, AppInfo, Endpoint, ProtocolNotSupported
 from ._events import (
     ProgressUnit,
@@ -49,6 +51,7 @@ from ._space import RateLimited, ShortBody, SpaceTransport
 __all__ = [
     "EVENTS_KEEP",
     "NATIVE_PROTOCOLS",
+    "Affinity",
     "AppInfo",
     "Call",
     "CallCancelled",

@@ -22,7 +22,7 @@ Here one reader task per session reads the stream and hands each message to its 
 at once (``Call._on_message``: no polling, no thread). A message for an event whose
 join has not returned yet is kept until the call registers. Every request of a call —
 upload, join, cancel, and the data stream and heartbeat it opens — carries that call's
-headers, and no other call's.
+headers, and no other call's, and the session's replica cookies (:mod:`._affinity`).
 """
 
 from __future__ import annotations
@@ -39,6 +39,7 @@ from gradio_client import utils
 from gradio_client.exceptions import AppError, ValidationError
 from httpx_sse import aconnect_sse
 
+from ._affinity import Affinity
 from ._app import DIFF_PROTOCOLS, AppInfo, Endpoint, bind_args, shape_output
 from ._events import (
     UpstreamDone,
@@ -70,11 +71,14 @@ class Session:
     """One ``session_hash`` on one Space: its data-stream reader and its calls."""
 
     def __init__(
-        self, space: SpaceTransport, app: AppInfo, session_hash: str | None = None
-    ) -> None:
+        self, space: SpaceTransport, app: AppInfo, session_hash: str | None = None,
+        affinity: Affinity | None = None,
+    ) -> None:  # fmt: skip
         self.space = space
         self.app = app
         self.hash = session_hash or uuid.uuid4().hex
+        # This session's replica cookies (:mod:`._affinity`): every request below.
+        self.affinity = affinity or Affinity()
         self._calls: dict[str, Call] = {}  # joined, not finished: event_id → call
         self._early: dict[str, list[dict[str, Any]]] = {}  # messages before the join returned
         self._all: set[Call] = set()
@@ -139,8 +143,9 @@ class Session:
                 "event_data": None, "trigger_id": None}  # fmt: skip
         # gradio_client sends x-gradio-user: api on joins; the call's headers win.
         headers = {"x-gradio-user": "api", **call.headers}
-        response = await self.space.http.post(self.app.url(utils.SSE_DATA_URL), json=body,
-                                              headers=headers)  # fmt: skip
+        response = await self.affinity.send(self.space.http, "POST",
+                                            self.app.url(utils.SSE_DATA_URL), headers,
+                                            json=body)  # fmt: skip
         if response.status_code == 503:
             raise utils.QueueError("Queue is full! Please try again.")
         if response.status_code == 429:  # the Hub's rate limit, in front of the Space
@@ -155,8 +160,9 @@ class Session:
     async def _cancel(self, call: Call) -> None:
         body = {"session_hash": self.hash, "fn_index": call.endpoint.fn_index,
                 "event_id": call.event_id}  # fmt: skip
-        response = await self.space.http.post(self.app.url(utils.CANCEL_URL), json=body,
-                                              headers=call.headers)  # fmt: skip
+        response = await self.affinity.send(self.space.http, "POST",
+                                            self.app.url(utils.CANCEL_URL), call.headers,
+                                            json=body)  # fmt: skip
         response.raise_for_status()
 
     # -- the data stream ---------------------------------------------------------------
@@ -193,7 +199,8 @@ class Session:
         try:
             while self._calls:
                 ended = False
-                async with aconnect_sse(self.space.http, "GET", url, headers=dict(headers),
+                async with aconnect_sse(self.space.http, "GET", url,
+                                        headers=self.affinity.headers(url, headers),
                                         params={"session_hash": self.hash},
                                         timeout=timeout) as source:  # fmt: skip
                     source.response.raise_for_status()
@@ -222,7 +229,8 @@ class Session:
         url = self.app.url(utils.HEARTBEAT_URL.format(session_hash=self.hash))
         timeout = httpx.Timeout(self.space.timeout.connect, read=None)
         with contextlib.suppress(httpx.HTTPError):
-            async with self.space.http.stream("GET", url, headers=dict(headers),
+            async with self.space.http.stream("GET", url,
+                                              headers=self.affinity.headers(url, headers),
                                               timeout=timeout) as response:  # fmt: skip
                 async for _ in response.aiter_bytes():
                     pass
@@ -339,7 +347,8 @@ class Call:
             if not utils.is_http_url_like(path) and id(item) not in uploaded:
                 # Under the name the caller gave (file_arg(..., name=)): the app sees it.
                 uploaded[id(item)] = await self.session.space.upload(
-                    path, self.headers, self.session.app.max_file_size, item.get("orig_name")
+                    path, self.headers, self.session.app.max_file_size, item.get("orig_name"),
+                    self.session.affinity,
                 )
         if not uploaded:
             return data

@@ -1,7 +1,8 @@
 """One Space's HTTP side: a single ``httpx.AsyncClient``, its config, its files.
 
-Every request to a Space goes through one client (keep-alive connections, cookies kept
-from ``/config`` for replica affinity, as gradio_client ``Client._get_config`` does).
+Every request to a Space goes through one client (keep-alive connections); the client
+keeps no cookie: a replicated Space's affinity cookies are kept per upstream session
+(:mod:`._affinity`), and the Space's own requests carry its ``home`` jar's.
 The client's limits follow the pool's rule of ``min_size``–``max_size`` sessions per
 Space: a running session holds its data stream and, where a call needs it, its
 heartbeat, and makes short requests (join, upload, cancel, download) beside them, so
@@ -29,6 +30,7 @@ import httpx
 from gradio_client import utils
 from gradio_client.exceptions import AuthenticationError
 
+from ._affinity import Affinity, no_cookies
 from ._app import AppInfo
 from ._files import Downloaded, download_to, file_url, safe_name
 
@@ -92,6 +94,7 @@ class SpaceTransport:
         self.timeout = httpx.Timeout(connect_timeout_s, read=read_timeout_s)
         self.http = httpx.AsyncClient(
             headers=headers,
+            cookies=no_cookies(),
             timeout=self.timeout,
             verify=verify,
             limits=httpx.Limits(
@@ -101,6 +104,7 @@ class SpaceTransport:
             ),
             transport=transport,
         )
+        self.home = Affinity()  # /config's replica: the Space's own requests and probes
         self._app: AppInfo | None = None
         self._loading: asyncio.Lock | None = None
         self._limited_until = 0.0  # monotonic: a 429's Retry-After, no /config before
@@ -121,7 +125,7 @@ class SpaceTransport:
                 raise RateLimited(wait)
             app = self._app
             if app is not None:
-                response = await self.http.get(app.url("app_id"))
+                response = await self.home.send(self.http, "GET", app.url("app_id"))
                 response.raise_for_status()
                 if response.json().get("app_id") == app.app_id:
                     return app
@@ -131,7 +135,7 @@ class SpaceTransport:
     async def _read(self) -> AppInfo:
         # gradio_client client.py ``_get_config`` / ``_get_api_info``: GET {src}config,
         # then GET {prefix}/info?serialize=False.
-        response = await self.http.get(self.src + utils.CONFIG_URL)
+        response = await self.home.send(self.http, "GET", self.src + utils.CONFIG_URL)
         if response.status_code == 401:
             raise AuthenticationError(f"Could not load {self.src}: credentials needed.")
         if response.status_code == 429:
@@ -139,7 +143,7 @@ class SpaceTransport:
         response.raise_for_status()
         config = response.json()
         app = AppInfo(self.src, config, {})  # ProtocolNotSupported before asking for more
-        info = await self.http.get(app.url(utils.RAW_API_INFO_URL))
+        info = await self.home.send(self.http, "GET", app.url(utils.RAW_API_INFO_URL))
         info.raise_for_status()
         return AppInfo(self.src, config, info.json())
 
@@ -153,7 +157,7 @@ class SpaceTransport:
 
     async def upload(
         self, path: str, headers: Mapping[str, str], max_file_size: int | None,
-        name: str | None = None,
+        name: str | None = None, affinity: Affinity | None = None,
     ) -> str:  # fmt: skip
         """``POST upload`` of one local file (multipart field ``files``, gradio/routes.py
         ``upload_file``) under ``name`` (default: the file's own), the name the app will
@@ -164,8 +168,8 @@ class SpaceTransport:
             raise ValueError(f"File {path} exceeds the maximum file size of {max_file_size} bytes")
         with open(path, "rb") as f:  # noqa: ASYNC230
             files = [("files", (safe_name(name or Path(path).name), f))]
-            response = await self.http.post(app.url(utils.UPLOAD_URL), files=files,
-                                            headers=dict(headers))  # fmt: skip
+            response = await (affinity or self.home).send(
+                self.http, "POST", app.url(utils.UPLOAD_URL), headers, files=files)  # fmt: skip
         response.raise_for_status()
         return str(response.json()[0])
 
@@ -176,16 +180,19 @@ class SpaceTransport:
         *,
         max_bytes: int,
         headers: Mapping[str, str] | None = None,
+        affinity: Affinity | None = None,
     ) -> Downloaded:
         """One output file into ``directory``, through this Space's client.
 
         A request that fails on a kept-alive connection the server closed is sent once
         more (the pool then opens a fresh one); a body shorter than the FileData's
         ``size`` raises :class:`ShortBody`; more than ``max_bytes``, :class:`TooLarge`.
-        The file is removed on any failure; the caller bounds the time.
+        The file is removed on any failure; the caller bounds the time. ``affinity``:
+        the session whose replica made the file (its cookies reach that replica).
         """
         app = self._app or await self.load()
         url = file_url(app.prefixed, data)
+        headers = (affinity or self.home).headers(url, headers)
         name = safe_name(data.get("orig_name") or data["path"])
         try:
             got = await download_to(self.http, url, directory, name, max_bytes=max_bytes,

@@ -7,11 +7,14 @@ from __future__ import annotations
 
 import asyncio
 import io
+import json
+import logging
 import os
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 from gradio_client import Client, handle_file
 from PIL import Image
@@ -19,6 +22,8 @@ from PIL import Image
 from devspaces import SpaceFleet
 from pool import LocalFile, UnknownSpace, UpstreamFileError, file_arg
 from tests.conftest import PoolMaker
+
+_SECRET = "hf_private_token_for_file_tests_51e0a7"
 
 
 @pytest.fixture(scope="module")
@@ -71,6 +76,33 @@ async def test_without_download_to_the_result_is_the_spaces_file_data(
         result = await client.predict("q", 3, api_name="/report")
         local = await client.download(result, tmp_path)
     assert local.read_bytes() == b"pic:q\n" * 3
+
+
+async def test_a_private_spaces_files_carry_the_token_which_is_never_shown(
+    pics: SpaceFleet, make_pool: PoolMaker, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A private Space wants the token on every request, its files too (gradio_client
+    sends its headers on file GETs; no signed URL): with POOL_HF_TOKEN the upload and
+    both output files go through, nothing is refused, and the token shows nowhere."""
+    pic = pics["pic"]
+    pic.control(require_token=_SECRET)
+    caplog.set_level(logging.DEBUG)
+    try:
+        pic.reset()
+        pool = make_pool(pics, min_connections=1, hf_token=_SECRET)
+        done = await pool.predict("/flip", file_arg(png(tmp_path)), download_to=tmp_path / "a")
+        async with pool.client() as client:
+            result = await client.predict("q", 2, api_name="/report")
+            local = await client.download(result, tmp_path / "b")
+        assert local.read_bytes() == b"pic:q\n" * 2 and done.result.size > 0
+        assert pic.stats().unauthorized == 0
+        async with httpx.AsyncClient() as http:  # the same file without the token: 401
+            assert (await http.get(result["url"])).status_code == 401
+        seen = [repr(done), repr(result), str(local.path), json.dumps(await pool.stats())]
+    finally:
+        pic.control(require_token="")
+    seen += [caplog.text, *os.listdir(tmp_path / "a"), *os.listdir(tmp_path / "b")]
+    assert not [text for text in seen if _SECRET in text]
 
 
 async def test_an_output_over_the_cap_raises_and_leaves_nothing(

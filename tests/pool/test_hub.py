@@ -16,6 +16,7 @@ from devspaces._front import cookie_front
 from pool import (
     NoHealthySpaceError,
     Pool,
+    PoolEvent,
     PoolSettings,
     QuotaExceeded,
     UpstreamError,
@@ -23,6 +24,7 @@ from pool import (
     UpstreamQueued,
 )
 from pool._quota import quota_error
+from pool._replicas import KEEP, Replicas
 
 SECRET = "hf_private_token_for_tests_7c3d91"
 
@@ -191,11 +193,27 @@ async def test_the_spaces_own_queue_sets_the_window(clean_fleet: SpaceFleet) -> 
             await pool.aclose()
 
 
-async def test_replicated_space_keeps_a_session_on_its_replica(clean_fleet: SpaceFleet) -> None:
-    """Two replicas (alpha, beta) behind a cookie-routing front: the pool keeps the
-    cookie /config set, so a session's join and data stream reach one replica and
-    gr.State holds across the calls of a session."""
-    front = cookie_front([clean_fleet["alpha"].url, clean_fleet["beta"].url])
+def test_known_replicas_decide_what_a_restart_is() -> None:
+    """An app_id seen before is no restart; one never seen is (and is known after);
+    the oldest age out past KEEP."""
+    replicas = Replicas()
+    replicas.note("a")
+    assert not replicas.is_restart("a")
+    assert replicas.is_restart("b") and not replicas.is_restart("b")
+    for n in range(KEEP):
+        replicas.note(n)
+    assert len(replicas) == KEEP and not replicas.known("a") and replicas.is_restart("a")
+
+
+async def test_replicated_space_spreads_sessions_each_kept_on_its_replica(
+    clean_fleet: SpaceFleet,
+) -> None:
+    """Two replicas (alpha, beta) behind a cookie-routing front: each upstream session
+    keeps its own replica cookies, so leases and pool sessions land on both replicas
+    while gr.State holds within each; health probes that reach the other replica (its
+    app_id known) rebuild nothing: no /config read again, no "restarted" event."""
+    alpha, beta = clean_fleet["alpha"], clean_fleet["beta"]
+    front = cookie_front([alpha.url, beta.url])
     server = uvicorn.Server(uvicorn.Config(front, host="127.0.0.1", port=free_port(),
                                            log_level="warning", lifespan="off"))  # fmt: skip
     serving = asyncio.create_task(server.serve())
@@ -206,18 +224,54 @@ async def test_replicated_space_keeps_a_session_on_its_replica(clean_fleet: Spac
         url = f"http://127.0.0.1:{server.config.port}/"
         pool = Pool(PoolSettings(spaces=f"replicated={url}", coordinator_url="memory://",
                                  min_connections=2))  # fmt: skip
+        events: list[PoolEvent] = []
+        pool.hooks.append(events.append)
         try:
-            for user in ("u1", "u2", "u3"):
-                async with pool.client() as client:
-                    first = await client.predict(f"{user}-a", api_name="/state")
-                    second = await client.predict(f"{user}-b", api_name="/state")
-                    echoed = await client.predict(user, 0, api_name="/echo")
-                assert (first, second) == ("", f"{user}-a")
-                assert echoed.split(":")[0] in ("alpha", "beta")
-            assert sum(front.routed) > 0  # type: ignore[attr-defined]
+            await _replicas_serve_sessions(pool)
+            sp = pool.spaces["replicated"]
+            assert len(sp.replicas) == 2  # both app_ids known (the pool sessions met them)
+            generation = sp.generation
+            configs = alpha.stats().config_requests + beta.stats().config_requests
+            front.loose.add("/gradio_api/app_id")  # type: ignore[attr-defined]
+            before = list(front.routed)  # type: ignore[attr-defined]
+            for _ in range(4):  # probes now alternate between the replicas
+                await pool.health_check()
+            after = front.routed  # type: ignore[attr-defined]
+            assert after[0] > before[0] and after[1] > before[1]
+            assert sp.generation == generation
+            assert [e for e in events if e.outcome == "restarted"] == []
+            assert alpha.stats().config_requests + beta.stats().config_requests == configs
         finally:
             await pool.aclose()
     finally:  # the front's proxied streams do not watch their client: no graceful wait
         server.should_exit = server.force_exit = True
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(serving, 2)
+
+
+async def _replicas_serve_sessions(pool: Pool) -> None:
+    """Leases and pool sessions on a two-replica Space: each keeps its gr.State and
+    stays on one replica; both replicas serve some."""
+    seen: set[str] = set()
+
+    async def lease(user: str) -> None:
+        async with pool.client() as client:
+            first = await client.predict(f"{user}-a", api_name="/state")
+            where = await client.predict(user, 0, api_name="/echo")
+            second = await client.predict(f"{user}-b", api_name="/state")
+            again = await client.predict(user, 0, api_name="/echo")
+        assert (first, second) == ("", f"{user}-a")
+        assert where == again  # one replica for the whole session
+        seen.add(where.split(":")[0])
+
+    await asyncio.gather(*(lease(f"u{i}") for i in range(4)))
+    assert seen == {"alpha", "beta"}
+    seen.clear()
+    for n in range(2):
+        session = await pool.open_session(None)
+        first = await pool.predict("/state", f"s{n}-a", session=session)
+        where = await pool.predict("/echo", "x", 0, session=session)
+        second = await pool.predict("/state", f"s{n}-b", session=session)
+        assert (first.result, second.result) == ("", f"s{n}-a")
+        seen.add(str(where.result).split(":")[0])
+    assert seen == {"alpha", "beta"}
