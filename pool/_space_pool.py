@@ -281,7 +281,7 @@ class SpacePool:
 
     def _open_failed(self, exc: PoolError) -> None:
         self.last_error = exc.kind
-        if self.total + self._opening > 0:
+        if self.total + self._opening > 0 and self.is_up():
             # Others may still serve the waiters; let them look again.
             for fut in list(self._waiters):
                 if not fut.done():
@@ -332,6 +332,15 @@ class SpacePool:
         self.down_until = self._clock.now() + cooldown_s
         self.generation += 1
         self._drop_stale_idle()
+        # Callers waiting here for a connection fail over now: opens that go on failing
+        # against a dead Space would otherwise hand each other's waiters back and forth.
+        waiters, self._waiters = self._waiters, deque()
+        down = UpstreamTransportError(
+            f"Space {self.name!r} is down ({kind})", kind=kind, before_accept=True
+        )
+        for fut in waiters:
+            if not fut.done():
+                fut.set_exception(down)
 
     def restarted(self, app_id: object) -> None:
         """The Space's ``app_id`` changed: rebuild every connection."""

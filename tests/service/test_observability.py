@@ -106,7 +106,8 @@ async def test_metrics_parse_and_the_wait_and_duration_histograms_move_under_loa
     assert any(n == "spacepool_http_requests_total" for n, _ in after)
     labels = {k for _, ls in after for k, _ in ls}
     assert labels <= {"space", "outcome", "reason", "result", "kind", "stage", "state",
-                      "direction", "method", "route", "status", "le"}, labels  # fmt: skip
+                      "direction", "method", "route", "status", "le",
+                      "class"}, labels  # fmt: skip  (class: interactive | batch)
 
 
 async def test_logs_metrics_and_stats_never_carry_emails_tokens_or_payloads(
