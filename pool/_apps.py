@@ -28,18 +28,12 @@ import contextlib
 import hashlib
 import json
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
-from ._exceptions import AmbiguousEndpoint, PoolClosedError, PoolError
+from ._exceptions import AmbiguousEndpoint, PoolError
 
 if TYPE_CHECKING:
     from ._space_pool import SpacePool
-
-
-class FailedHook(Protocol):
-    """``Pool._space_failed``: the one failure path (a failure before the call)."""
-
-    def __call__(self, sp: SpacePool, error: PoolError, *, placed: bool) -> object: ...
 
 
 def endpoint_signatures(client: Any) -> dict[str, str]:
@@ -65,12 +59,9 @@ def _api_digest(signatures: dict[str, str]) -> str:
 class Apps:
     """The apps of a pool's Spaces, from their explicit groups and known APIs."""
 
-    def __init__(
-        self, spaces: dict[str, SpacePool], discover_s: float, on_failed: FailedHook
-    ) -> None:
+    def __init__(self, spaces: dict[str, SpacePool], discover_s: float) -> None:
         self._spaces = spaces
         self._discover_s = discover_s
-        self._on_failed = on_failed
 
     def app_of(self, name: str) -> str | None:
         """The app of Space ``name``: its explicit group, else the first configured
@@ -149,13 +140,11 @@ class Apps:
                     await task
 
     async def _learn(self, sp: SpacePool) -> None:
-        """Connect to ``sp`` once (its API becomes known); a Space that cannot be
-        reached is reported like a failure before the call was placed."""
+        """Connect to ``sp`` once (its API becomes known). A Space that cannot be
+        reached stays unknown and is not marked down here: it may be asleep, and the
+        request path that routes to it wakes it (or fails over) as for any Space."""
         try:
             conn = await sp.checkout()
-        except PoolClosedError:
-            return
-        except PoolError as exc:
-            self._on_failed(sp, exc, placed=False)
+        except PoolError:
             return
         sp.checkin(conn, discard=False)

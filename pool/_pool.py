@@ -193,7 +193,7 @@ class Pool:
     @functools.cached_property
     def apps(self) -> Apps:
         """The Spaces' apps and replicas; routing's ambiguity check (pool/_apps.py)."""
-        return Apps(self.spaces, self.settings.connect_timeout_s, self._space_failed)
+        return Apps(self.spaces, self.settings.connect_timeout_s)
 
     def _space_pools(self) -> dict[str, SpacePool]:
         s = self.settings
