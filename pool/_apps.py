@@ -27,13 +27,25 @@ import asyncio
 import contextlib
 import hashlib
 import json
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any, Protocol
 
-from ._exceptions import AmbiguousEndpoint, PoolError
+from ._exceptions import AmbiguousEndpoint, PoolClosedError, PoolError
+from .resilience._control import WAKING_STAGES
 
 if TYPE_CHECKING:
     from ._space_pool import SpacePool
+    from ._spaces import SpaceSpec
+
+
+class FailedHook(Protocol):
+    """``Pool._space_failed``: the one failure path (a failure before the call)."""
+
+    def __call__(self, sp: SpacePool, error: PoolError, *, placed: bool) -> object: ...
+
+
+# ``Waker.stage``: the Space's stage as the Hub reports it (None: not known).
+StageOf = Callable[["SpaceSpec"], Awaitable["str | None"]]
 
 
 def endpoint_signatures(client: Any) -> dict[str, str]:
@@ -59,9 +71,14 @@ def _api_digest(signatures: dict[str, str]) -> str:
 class Apps:
     """The apps of a pool's Spaces, from their explicit groups and known APIs."""
 
-    def __init__(self, spaces: dict[str, SpacePool], discover_s: float) -> None:
+    def __init__(
+        self, spaces: dict[str, SpacePool], discover_s: float, on_failed: FailedHook,
+        stage_of: StageOf,
+    ) -> None:  # fmt: skip
         self._spaces = spaces
         self._discover_s = discover_s
+        self._on_failed = on_failed
+        self._stage_of = stage_of
 
     def app_of(self, name: str) -> str | None:
         """The app of Space ``name``: its explicit group, else the first configured
@@ -141,10 +158,18 @@ class Apps:
 
     async def _learn(self, sp: SpacePool) -> None:
         """Connect to ``sp`` once (its API becomes known). A Space that cannot be
-        reached stays unknown and is not marked down here: it may be asleep, and the
-        request path that routes to it wakes it (or fails over) as for any Space."""
+        reached is reported like a failure before the call was placed, unless the Hub
+        says it is asleep or starting: then it stays unknown, and the request routed
+        to it wakes it (pool/resilience/_waking.py)."""
         try:
             conn = await sp.checkout()
-        except PoolError:
+        except PoolClosedError:
+            return
+        except PoolError as exc:
+            stage = None
+            with contextlib.suppress(Exception):
+                stage = await self._stage_of(sp.spec)
+            if stage not in WAKING_STAGES:
+                self._on_failed(sp, exc, placed=False)
             return
         sp.checkin(conn, discard=False)

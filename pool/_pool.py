@@ -193,7 +193,9 @@ class Pool:
     @functools.cached_property
     def apps(self) -> Apps:
         """The Spaces' apps and replicas; routing's ambiguity check (pool/_apps.py)."""
-        return Apps(self.spaces, self.settings.connect_timeout_s)
+        return Apps(
+            self.spaces, self.settings.connect_timeout_s, self._space_failed, self.waker.stage
+        )
 
     def _space_pools(self) -> dict[str, SpacePool]:
         s = self.settings
