@@ -56,6 +56,7 @@ class Target:
     client: httpx.AsyncClient
     app: FastAPI
     pool: Pool
+    cases: Any  # the schemathesis strategy over the app's OpenAPI, positive | negative
 
     def send(self, method: str, url: str, **kwargs: Any) -> httpx.Response:
         async def call() -> httpx.Response:
@@ -93,6 +94,14 @@ def target(fleet: SpaceFleet, tmp_path_factory: pytest.TempPathFactory) -> Itera
     )
     set_pool(pool)
     app = create_app(service)
+    # Built here, before the app's thread starts: schemathesis imports modules lazily,
+    # and CPython 3.11.7 compiling source in two threads at once can fail with
+    # "SystemError: AST constructor recursion depth mismatch" (cpython gh-106905; seen
+    # when the test thread imported schemathesis while the app served requests).
+    schema = schemathesis.openapi.from_dict(app.openapi())
+    cases = schema.as_strategy(GenerationMode.POSITIVE) | schema.as_strategy(
+        GenerationMode.NEGATIVE
+    )
     try:
         with (
             start_blocking_portal() as portal,
@@ -101,7 +110,7 @@ def target(fleet: SpaceFleet, tmp_path_factory: pytest.TempPathFactory) -> Itera
             client = httpx.AsyncClient(
                 transport=httpx.ASGITransport(app=app), base_url="http://svc", timeout=60
             )
-            yield Target(portal, client, app, pool)
+            yield Target(portal, client, app, pool, cases)
             portal.call(client.aclose)
     finally:
         set_pool(None)
@@ -170,10 +179,7 @@ def as_request(case: Any) -> tuple[str, str, dict[str, Any]]:
 
 def test_schemathesis_cases_never_get_a_500_or_hang(target: Target) -> None:
     """Positive and negative cases for every operation of the OpenAPI schema: no 500, no hang."""
-    schema = schemathesis.openapi.from_dict(target.app.openapi())
-    cases = schema.as_strategy(GenerationMode.POSITIVE) | schema.as_strategy(
-        GenerationMode.NEGATIVE
-    )
+    cases = target.cases
     seen: dict[int, int] = {}
 
     @FUZZ
@@ -277,10 +283,7 @@ def test_schemathesis_all_checks_pass(target: Target) -> None:
     valid data accepted, no server error) holds for bounded positive and negative cases,
     JSON and multipart: the OpenAPI document is the truth. Two checks allow only the
     documented answers a schema cannot rule out (run-time names, mapped 5xx)."""
-    schema = schemathesis.openapi.from_dict(target.app.openapi())
-    cases = schema.as_strategy(GenerationMode.POSITIVE) | schema.as_strategy(
-        GenerationMode.NEGATIVE
-    )
+    cases = target.cases
     failures: list[str] = []
 
     @settings(FUZZ, max_examples=80)
