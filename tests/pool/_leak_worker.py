@@ -313,6 +313,22 @@ async def run_app(store: str) -> dict[str, Any]:
     return {"baseline": baseline, "peak": peak[0], "after": snapshot(), "close_s": close_s}
 
 
+async def _guarded(run: Any) -> dict[str, Any]:
+    """``run``, with every asyncio task's stack written to stderr shortly before the
+    hang guard fires (faulthandler shows the threads, not what the coroutines await)."""
+    loop = asyncio.get_running_loop()
+
+    def dump() -> None:
+        for task in asyncio.all_tasks(loop):
+            task.print_stack(limit=12, file=sys.stderr)
+
+    timer = loop.call_later(_HANG_S - 5.0, dump)
+    try:
+        return dict(await run)
+    finally:
+        timer.cancel()
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("what", choices=("pool", "app", "stuck"))
@@ -321,9 +337,10 @@ def main() -> int:
     args = parser.parse_args()
     faulthandler.dump_traceback_later(_HANG_S, exit=True)
     if args.what == "stuck":
-        result = asyncio.run(run_stuck(args.store, args.freeze_pid))
+        run = run_stuck(args.store, args.freeze_pid)
     else:
-        result = asyncio.run((run_pool if args.what == "pool" else run_app)(args.store))
+        run = (run_pool if args.what == "pool" else run_app)(args.store)
+    result = asyncio.run(_guarded(run))
     sys.stdout.write(json.dumps(result) + "\n")
     return 0
 
