@@ -309,8 +309,14 @@ class SharedCoordinator:
         for task in self._tasks:
             task.cancel()
         for task in self._tasks:
+            # Cancelled again until it ends: a cancel that lands as a store call's own
+            # timeout expires can surface inside the task as that timeout (TimeoutError
+            # is an OSError, which the store loops treat as "unreachable, try again").
+            while not task.done():
+                await asyncio.wait([task], timeout=0.5)
+                task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
-                await task
+                task.result()
         waiting = list(self._waiters)
         for waiter in self._waiters.values():
             if not waiter.future.done():

@@ -859,8 +859,10 @@ class _RedisStore:
             except _UNREACHABLE as exc:
                 _log.debug("admission subscriber lost redis %s: %s", self._where, exc)
             finally:
+                # Shielded: a cancel arriving while the connection closes must not leave
+                # it open (it would outlive the client's own close).
                 with contextlib.suppress(*_UNREACHABLE):
-                    await pubsub.aclose()  # type: ignore[no-untyped-call,unused-ignore]  # untyped before redis-py 8.2
+                    await asyncio.shield(pubsub.aclose())  # type: ignore[no-untyped-call,unused-ignore]  # untyped before redis-py 8.2
             await asyncio.sleep(delay)
             delay = min(delay * 2, 1.0)
 
