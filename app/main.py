@@ -40,6 +40,7 @@ from importlib import metadata
 from fastapi import FastAPI
 
 from pool import Pool, get_pool
+from pool._tasks import cancel_and_wait
 
 from . import _errors
 from ._api import router
@@ -115,9 +116,7 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
         sweeper.cancel()
         await files.aclose()
         sampler.cancel()
-        for task in (reclaim, watcher, sampler):  # ended before the pool closes under them
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
+        await cancel_and_wait(reclaim, watcher, sampler)  # ended before the pool closes
         await runner.aclose()
         for hook in (on_pool_event, activity.on_event):
             with contextlib.suppress(ValueError):

@@ -31,6 +31,7 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
 from ._exceptions import AmbiguousEndpoint, PoolClosedError, PoolError
+from ._tasks import cancel_and_wait
 from .resilience._control import WAKING_STAGES
 
 if TYPE_CHECKING:
@@ -150,11 +151,7 @@ class Apps:
         try:
             await asyncio.wait(tasks, timeout=self._discover_s)
         finally:
-            for task in tasks:
-                task.cancel()
-            for task in tasks:
-                with contextlib.suppress(BaseException):
-                    await task
+            await cancel_and_wait(*tasks)
 
     async def _learn(self, sp: SpacePool) -> None:
         """Connect to ``sp`` once (its API becomes known). A Space that cannot be

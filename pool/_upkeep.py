@@ -22,6 +22,7 @@ from ._events import Hook, PoolEvent, emit
 from ._settings import PoolSettings
 from ._space_pool import SpacePool
 from ._stats import PUBLISH_S, Shared
+from ._tasks import cancel_and_wait
 from ._warmth import Warmth
 from .admission import SPACE_PREFIX
 
@@ -56,9 +57,7 @@ class Upkeep:
 
     async def aclose(self) -> None:
         if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            await cancel_and_wait(self._task)
 
     async def _run(self, shared: Shared, http: httpx.AsyncClient) -> None:
         """Reap, publish, refresh shared health, pause, health-check; a store outage

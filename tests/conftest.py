@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
+import sys
 from collections.abc import AsyncIterator, Callable, Iterator
 
 import pytest
@@ -134,4 +136,21 @@ async def make_pool() -> AsyncIterator[PoolMaker]:
 
     yield build
     for p in pools:
-        await p.aclose()
+        await close_watched(p)
+
+
+CLOSE_WATCH_S = 60.0  # Pool.aclose() is bounded well below this (every wait in it is)
+
+
+async def close_watched(pool: Pool) -> None:
+    """``pool.aclose()``; if it has not returned after ``CLOSE_WATCH_S``, every asyncio
+    task's stack goes to stderr (pytest-timeout shows threads, not coroutines) and the
+    close is reported as a hang."""
+    closing = asyncio.ensure_future(pool.aclose())
+    done, _ = await asyncio.wait([closing], timeout=CLOSE_WATCH_S)
+    if not done:
+        for task in asyncio.all_tasks():
+            task.print_stack(limit=15, file=sys.stderr)
+        closing.cancel()
+        pytest.fail(f"Pool.aclose() did not return within {CLOSE_WATCH_S:.0f} s")
+    closing.result()

@@ -59,6 +59,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
 from .._exceptions import BusyError, MisuseError, PoolClosedError
+from .._tasks import cancel_and_wait
 from ._protocol import AdmissionSnapshot, Lease, StoreUnavailable, WaitTicket, new_id
 from ._rule import INTERACTIVE, bottleneck_capacity, estimate_wait_s, limit_lookup
 from ._values import GuardedValues, SharedValues
@@ -306,17 +307,7 @@ class SharedCoordinator:
         for timer in self._timers.values():
             timer.cancel()
         self._timers.clear()
-        for task in self._tasks:
-            task.cancel()
-        for task in self._tasks:
-            # Cancelled again until it ends: a cancel that lands as a store call's own
-            # timeout expires can surface inside the task as that timeout (TimeoutError
-            # is an OSError, which the store loops treat as "unreachable, try again").
-            while not task.done():
-                await asyncio.wait([task], timeout=0.5)
-                task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                task.result()
+        await cancel_and_wait(*self._tasks)
         waiting = list(self._waiters)
         for waiter in self._waiters.values():
             if not waiter.future.done():

@@ -39,6 +39,7 @@ from gradio_client import utils
 from gradio_client.exceptions import AppError, ValidationError
 from httpx_sse import aconnect_sse
 
+from .._tasks import cancel_and_wait  # a generic asyncio helper, nothing of admission
 from ._affinity import Affinity
 from ._app import DIFF_PROTOCOLS, AppInfo, Endpoint, bind_args, shape_output
 from ._events import (
@@ -260,11 +261,7 @@ class Session:
                 await asyncio.wait_for(asyncio.shield(reader), _READER_END_S)
         tasks = [t for t in (self._reader, self._heartbeat) if t is not None]
         tasks += [c._task for c in self._all if c._task is not None]
-        for task in tasks:
-            task.cancel()
-        for task in tasks:
-            with contextlib.suppress(BaseException):
-                await task
+        await cancel_and_wait(*tasks)
         self._drop_all(SessionDropped("the session was closed"))
         for call in list(self._all):
             call._fail(SessionDropped("the session was closed"))
