@@ -285,7 +285,9 @@ class SpaceProcess:
                 proc.wait(timeout=5.0)
             except subprocess.TimeoutExpired:
                 proc.kill()
-                proc.wait(timeout=5.0)
+                # A killed Space always ends, but a loaded 2-core box took over 5 s to
+                # reap one (the suite at a load average of ~13): wait, do not give up.
+                proc.wait(timeout=120.0)
         self._close_log()
 
     def stats(self) -> SpaceStats:
