@@ -28,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import importlib
 import math
+import os
 import threading
 import time
 from collections.abc import Awaitable, Callable, MutableMapping
@@ -304,6 +305,12 @@ def build_space(
     meter = _Meter(name=name, app_id=0, config_delay_s=config_delay_s)
     demo = _kind_builder(kind)(meter, concurrency_limit, max_size)
     meter.app_id = int(demo.app_id)
+    # Gradio's queue polls every 1 ms while it is empty (gradio/queueing.py
+    # ``sleep_when_free``): ~3 % of a core per idle stand-in. The test suite keeps tens of
+    # them up at once on 2 cores, so it sets a longer poll (tests/conftest.py); anything
+    # else (benchmarks, scripts/run) gets Gradio's own.
+    if idle_poll_s := os.environ.get("DEVSPACES_IDLE_POLL_S"):
+        demo._queue.sleep_when_free = float(idle_poll_s)
 
     @app.get("/_stand_in/stats")
     async def stats() -> dict[str, Any]:
