@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
 from collections.abc import AsyncIterator, Iterator
@@ -32,24 +33,27 @@ def shared_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
 async def two_workers(
     fleet: SpaceFleet, shared_url: str
 ) -> AsyncIterator[tuple[httpx.AsyncClient, httpx.AsyncClient, Pool]]:
-    """Two app instances (two workers' job runners) over one shared coordinator."""
-    url = shared_url
-    settings = PoolSettings(spaces=fleet.pool_spaces_env(), coordinator_url=url, lease_ttl_s=3.0)
-    pool = Pool(settings)
-    set_pool(pool)
+    """Two app instances (two workers' job runners), each with its own pool, over one
+    shared store. (One pool shared by both apps was closed by the first lifespan to end
+    while the other's job runner still wrote to the store: a Redis connection was
+    reopened after its client closed, and leaked.)"""
+    settings = PoolSettings(
+        spaces=fleet.pool_spaces_env(), coordinator_url=shared_url, lease_ttl_s=3.0
+    )
+    pools = [Pool(settings), Pool(settings)]
     apps: list[FastAPI] = [create_app(ServiceSettings()) for _ in range(2)]
     try:
-        async with (
-            apps[0].router.lifespan_context(apps[0]),
-            apps[1].router.lifespan_context(apps[1]),
-        ):
+        async with contextlib.AsyncExitStack() as stack:
+            for app, pool in zip(apps, pools, strict=True):
+                set_pool(pool)  # each lifespan takes the process-wide pool as it starts
+                await stack.enter_async_context(app.router.lifespan_context(app))
             clients = [
                 httpx.AsyncClient(
                     transport=httpx.ASGITransport(app=app), base_url="http://w", timeout=30
                 )
                 for app in apps
             ]
-            yield clients[0], clients[1], pool
+            yield clients[0], clients[1], pools[0]
             for client in clients:
                 await client.aclose()
     finally:
