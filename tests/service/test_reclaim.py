@@ -167,8 +167,11 @@ async def test_killed_worker_jobs_end_or_run_again(
     assert all(events and events[-1]["stage"] in FINAL for events in seen), seen
     requeued = [j for j, v in views.items() if v.get("requeued")]
     for (job_id, _), events in zip(jobs, seen, strict=True):
-        if job_id in requeued:  # the stream went on with the requeued event
-            assert any(e.get("requeued") == 1 and e["stage"] not in FINAL for e in events)
+        if job_id in requeued:  # the stream went on, carrying the requeue
+            # Usually as a queued/running event; a stream that follows the job from
+            # another worker reads its mirror every 0.25 s, so when the test's DELETE
+            # ends the requeued job at once, the final event may be the first to show it.
+            assert any(e.get("requeued") == 1 for e in events), events
     retried = sum(1 for job_id, retry in jobs if retry and job_id in requeued)
     assert lone_space.stats().total <= JOBS + retried
 
