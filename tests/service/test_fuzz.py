@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import importlib
 import json
+import pkgutil
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -34,6 +36,20 @@ from devspaces import SpaceFleet
 from pool import Pool, PoolSettings, set_pool
 
 from .conftest import coordinator_url
+
+
+def _import_all(package: Any) -> None:
+    """Import every module of ``package`` now, while collecting (one thread). pytest
+    rewrites the modules of a plugin's distribution as they are first imported (an AST
+    parse and compile each), and CPython 3.11.7 compiling in two threads at once fails
+    with "AST constructor recursion depth mismatch" (cpython gh-106905): seen when a test
+    made schemathesis import a module lazily while another thread of the worker compiled."""
+    for info in pkgutil.walk_packages(package.__path__, package.__name__ + "."):
+        with contextlib.suppress(Exception):  # optional extras (allure) are not installed
+            importlib.import_module(info.name)
+
+
+_import_all(schemathesis)
 
 # schemathesis' own strategies use the random module, which hypothesis deprecates;
 # that is theirs to fix, not a failure of the service.
