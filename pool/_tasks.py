@@ -5,12 +5,15 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-RECANCEL_S = 0.5  # how often a task that is still running is cancelled again
+FIRST_WAIT_S = 5.0  # a task's own cleanup after the first cancel, before any other
+RECANCEL_S = 1.0  # then, how often a task that is still running is cancelled again
 
 
 async def cancel_and_wait(*tasks: asyncio.Future[Any]) -> None:
-    """Cancel ``tasks``; return once every one has ended, cancelling again every
-    :data:`RECANCEL_S` the ones still running. Their outcomes are not raised.
+    """Cancel ``tasks``; return once every one has ended, cancelling again the ones still
+    running after :data:`FIRST_WAIT_S` (time for their own cleanup: closing a response
+    or a connection must not be cut short), then every :data:`RECANCEL_S`. Their
+    outcomes are not raised.
 
     A cancellation can be lost on its way: Python 3.11's ``asyncio.wait_for`` drops one
     that races the result it awaits (cpython gh-86296), one that lands as an
@@ -21,10 +24,12 @@ async def cancel_and_wait(*tasks: asyncio.Future[Any]) -> None:
     close still waiting after 120 s, its loop waking every 0.5 s).
     """
     pending = {task for task in tasks if not task.done()}
+    wait_s = FIRST_WAIT_S
     while pending:
         for task in pending:
             task.cancel()
-        _, pending = await asyncio.wait(pending, timeout=RECANCEL_S)
+        _, pending = await asyncio.wait(pending, timeout=wait_s)
+        wait_s = RECANCEL_S
     for task in tasks:
         if not task.cancelled():
             task.exception()  # retrieved: no "exception was never retrieved" at exit

@@ -175,7 +175,10 @@ async def test_an_aged_batch_request_is_not_overtaken_by_newer_interactive_ones(
             "/echo", name, delay, space="alpha", ticket=ticket, on_admitted=admitted,
         ))  # fmt: skip
 
-    holder = call("holder", 0.8, WaitTicket())
+    # The holder runs until every other request has queued behind it (2.5 s: a loaded
+    # run needed more than 0.8 s to queue them, and the old batch request was admitted
+    # before the interactive ones arrived).
+    holder = call("holder", 2.5, WaitTicket())
     await until(lambda: order == ["holder"], what="the holder's admission")
     old = WaitTicket(priority="batch")
     calls = [call("old-batch", 0.02, old)]
