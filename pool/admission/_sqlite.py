@@ -831,9 +831,7 @@ def _positions(conn: sqlite3.Connection, now: float, wanted: Sequence[str]) -> d
         return {}
     rows = conn.execute("SELECT id, lane, rank, ages_at, seq FROM waiters")
     # The lane is the waiter's shared resources: all that positions look at.
-    lanes: dict[str, tuple[str, ...]] = {}
-    entries = [(key, lanes.get(lane) or lanes.setdefault(lane, tuple(lane.split(","))),
-                (0 if rank == 0 or ages_at <= now else rank, seq))  # rank_of_row, inlined
+    entries = [(key, lane.split(","), (rank_of_row(rank, ages_at, now), seq))
                for key, lane, rank, ages_at, seq in rows]  # fmt: skip
     return queue_positions(entries, _held(conn, now), limit_lookup(_limits(conn)), wanted)
 
