@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import ast
 import asyncio
+import functools
 import os
 import sys
+import threading
 from collections.abc import AsyncIterator, Callable, Iterator
 
 import pytest
@@ -19,6 +22,31 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 # (devspaces/_app.py): the suite keeps tens of them up at once on 2 cores, and at 1 ms
 # each idle one took ~3 % of a core (0.7 % at 10 ms); a call waits at most 10 ms more.
 os.environ.setdefault("DEVSPACES_IDLE_POLL_S", "0.01")
+
+
+def _serialize_ast_parse() -> None:
+    """One ``ast.parse`` at a time in a test process. CPython 3.11.7 (the machines')
+    keeps the AST constructor's recursion counter per interpreter, not per thread
+    (cpython gh-106905, fixed in later releases): when one thread is suspended inside
+    ``ast.parse`` (a garbage collection there runs finalizers, which let another thread
+    in) and another thread parses meanwhile, the first fails with "SystemError: AST
+    constructor recursion depth mismatch". Tests parse in several threads at once:
+    hypothesis reads its strategies' lambdas (``hypothesis/internal/lambda_sources.py``),
+    pytest rewrites plugin modules on import, and Python 3.11's ``traceback`` parses
+    every line it underlines when a thread of an app under test logs an exception.
+    Seen in CI as test_fuzz's hypothesis run failing while the app thread logged."""
+    parse = ast.parse
+    lock = threading.RLock()
+
+    @functools.wraps(parse)
+    def serialized(*args: object, **kwargs: object) -> ast.AST:
+        with lock:
+            return parse(*args, **kwargs)  # type: ignore[arg-type]
+
+    ast.parse = serialized  # type: ignore[assignment]
+
+
+_serialize_ast_parse()
 
 
 @pytest.fixture(scope="session")

@@ -8,18 +8,6 @@ from pathlib import Path
 POOL = Path(__file__).resolve().parent.parent / "pool"
 
 
-def _parse(path: Path) -> ast.Module:
-    """``ast.parse`` of ``path``, once more if CPython 3.11.7 raised its spurious
-    "AST constructor recursion depth mismatch" (the recursion counter is shared by the
-    threads compiling at the same moment, cpython gh-106905; seen in the suite when
-    another test's thread compiled meanwhile)."""
-    source = path.read_text()
-    try:
-        return ast.parse(source)
-    except SystemError:
-        return ast.parse(source)
-
-
 def _module_name(path: Path) -> str:
     parts = path.relative_to(POOL.parent).with_suffix("").parts
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
@@ -29,7 +17,7 @@ def _imports(path: Path, name: str) -> set[str]:
     """The pool modules ``path`` imports at load time (not under TYPE_CHECKING)."""
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     found: set[str] = set()
-    tree = _parse(path)
+    tree = ast.parse(path.read_text())
     for node in tree.body:  # module level only: imports inside functions run later
         if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
             continue
@@ -95,7 +83,7 @@ def test_cycle_finder_finds_a_planted_cycle() -> None:
 
 def test_no_function_in_the_pool_module_is_over_60_lines() -> None:
     """pool/_pool.py keeps each function at 60 lines or fewer."""
-    tree = _parse(POOL / "_pool.py")
+    tree = ast.parse((POOL / "_pool.py").read_text())
     long = {
         node.name: node.end_lineno - node.lineno + 1
         for node in ast.walk(tree)

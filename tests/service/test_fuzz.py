@@ -27,7 +27,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from schemathesis import CheckContext, GenerationMode
 from schemathesis.checks import not_a_server_error
-from schemathesis.specs.openapi.checks import positive_data_acceptance
+from schemathesis.generation.meta import FuzzingPhaseData
+from schemathesis.specs.openapi.checks import negative_data_rejection, positive_data_acceptance
 
 from app._jobs import JobRunner
 from app._settings import ServiceSettings
@@ -294,11 +295,30 @@ def not_a_server_error_but_mapped(
     return result
 
 
+def negative_data_rejection_but_mutated(
+    ctx: CheckContext, response: schemathesis.Response, case: schemathesis.Case
+) -> bool | None:
+    """schemathesis' negative_data_rejection, for the cases it actually made invalid. Its
+    negative generation sometimes gives up on a multipart body (a ``body`` part and binary
+    extra parts), marks the case negative anyway and records no mutation ("Positive test
+    case"): such a request is valid, and the service rightly accepts it (seen in CI as a
+    202 for a well-formed job, one run in five)."""
+    data = case.meta.phase.data if case.meta is not None else None
+    if isinstance(data, FuzzingPhaseData) and (data.mutations, data.description) == (
+        (),
+        "Positive test case",
+    ):
+        return None
+    result: bool | None = negative_data_rejection(ctx, response, case)
+    return result
+
+
 def test_schemathesis_all_checks_pass(target: Target) -> None:
     """Every schemathesis check (status codes, content types, headers, Allow, schemas,
     valid data accepted, no server error) holds for bounded positive and negative cases,
-    JSON and multipart: the OpenAPI document is the truth. Two checks allow only the
-    documented answers a schema cannot rule out (run-time names, mapped 5xx)."""
+    JSON and multipart: the OpenAPI document is the truth. Three of schemathesis' checks
+    are narrowed: to the documented answers a schema cannot rule out (run-time names,
+    mapped 5xx), and to the cases schemathesis did make invalid."""
     cases = target.cases
     failures: list[str] = []
 
@@ -313,8 +333,13 @@ def test_schemathesis_all_checks_pass(target: Target) -> None:
         try:
             case.validate_response(
                 response,
-                excluded_checks=[positive_data_acceptance, not_a_server_error],
+                excluded_checks=[
+                    positive_data_acceptance,
+                    not_a_server_error,
+                    negative_data_rejection,
+                ],
                 additional_checks=[
+                    negative_data_rejection_but_mutated,
                     positive_data_acceptance_but_unknown_names,
                     not_a_server_error_but_mapped,
                 ],
