@@ -11,6 +11,7 @@ the next replica in turn and its answer sets ``spacepool-replica=<n>``; a reques
 it goes to replica ``n``. Bodies are streamed both ways (the server-sent events too).
 Paths in ``app.loose`` (a set the test fills) ignore the cookie and go to the next
 replica in turn: a request the Hub routes to another replica than its cookie names.
+``await app.aclose()`` closes its connections to the replicas once it is no longer served.
 """
 
 from __future__ import annotations
@@ -34,7 +35,8 @@ _HOP = frozenset({b"host", b"connection", b"keep-alive", b"transfer-encoding", b
 
 def cookie_front(backends: Sequence[str]) -> ASGIApp:
     """The front's ASGI app over ``backends`` (base URLs); ``app.routed`` counts requests
-    per replica, ``app.loose`` holds the paths routed without regard to the cookie."""
+    per replica, ``app.loose`` holds the paths routed without regard to the cookie,
+    ``app.aclose()`` closes the client that reaches the replicas."""
     turn = itertools.cycle(range(len(backends)))
     http = httpx.AsyncClient(timeout=httpx.Timeout(10.0, read=None))
     routed = [0] * len(backends)
@@ -78,4 +80,5 @@ def cookie_front(backends: Sequence[str]) -> ASGIApp:
 
     app.routed = routed  # type: ignore[attr-defined]
     app.loose = loose  # type: ignore[attr-defined]
+    app.aclose = http.aclose  # type: ignore[attr-defined]
     return app

@@ -247,6 +247,7 @@ async def test_replicated_space_spreads_sessions_each_kept_on_its_replica(
         server.should_exit = server.force_exit = True
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(serving, 2)
+        await front.aclose()  # type: ignore[attr-defined]
 
 
 async def _replicas_serve_sessions(pool: Pool) -> None:
