@@ -115,7 +115,6 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
         watcher.cancel()
         sweeper.cancel()
         await files.aclose()
-        sampler.cancel()
         await cancel_and_wait(reclaim, watcher, sampler)  # ended before the pool closes
         await runner.aclose()
         for hook in (on_pool_event, activity.on_event):
