@@ -23,6 +23,7 @@ from pool import Pool, UnknownSpace, get_pool
 
 from . import _metrics
 from ._auth import require_admin_token, require_api_token
+from ._boundary import Boundary
 from ._errors import JobNotFound
 from ._files import FileOutput, FileStore
 from ._idempotency import MAX_KEY_CHARS, reserve
@@ -80,11 +81,9 @@ def file_output(request: Request, body: PredictRequest) -> FileOutput:
 
 async def _read(request: Request) -> Call:
     """The body (JSON or multipart), checked by ``_prepare``, then its files on disk."""
-    store: FileStore = request.app.state.files
     settings = _settings(request)
-    call = await read_call(
-        request, settings, store.incoming, lambda body: _prepare(request, body)
-    )
+    boundary: Boundary = request.app.state.boundary
+    call = await read_call(request, settings, boundary, lambda body: _prepare(request, body))
     call.headers = identity_headers(request, settings)
     return call
 

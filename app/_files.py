@@ -34,6 +34,7 @@ import contextlib
 import hashlib
 import json
 import logging
+import mimetypes
 import os
 import re
 import secrets
@@ -52,14 +53,20 @@ from fastapi.responses import StreamingResponse
 from pool import LocalFile
 
 from ._auth import require_api_token
-from ._errors import FileNotFound
+from ._errors import FileNotFound, UploadTooLarge
 
 _log = logging.getLogger("spacepool.app")
-TOKEN_PATTERN = re.compile(r"^[A-Za-z0-9_-]{43}$")
+TOKEN_SHAPE = r"[A-Za-z0-9_-]{43}"
+TOKEN_PATTERN = re.compile(rf"^{TOKEN_SHAPE}$")
 FilesMode = Literal["url", "inline"]
 SWEEP_EVERY_S = 60.0
 _STALE_S = 86_400.0  # partial downloads and upload folders left behind by a crash
 _CHUNK = 64 * 1024
+
+
+def _private(path: str, flags: int) -> int:
+    """``open``'s opener for files only this service's user may read (0600)."""
+    return os.open(path, flags, 0o600)
 
 
 def _iso(wall: float) -> str:
@@ -95,6 +102,17 @@ class FileStore:
 
     def publish(self, local: LocalFile) -> dict[str, Any]:
         """Move ``local`` into the store; its public description, with the URL."""
+        token, expires = self.keep(local)
+        return {
+            "url": f"/api/files/{token}",
+            "name": local.name,
+            "size": local.size,
+            "mime_type": local.mime_type,
+            "expires_at": _iso(expires),
+        }
+
+    def keep(self, local: LocalFile) -> tuple[str, float]:
+        """Move ``local`` into the store (0600); its token and when it expires."""
         token = secrets.token_urlsafe(32)
         key = _key(token)
         now = self._clock()
@@ -106,18 +124,45 @@ class FileStore:
             "created": now,
             "expires": expires,
         }
+        os.chmod(local.path, 0o600)
         os.replace(local.path, self.data / key)
         sidecar = self.data / f"{key}.json.tmp"
-        sidecar.write_text(json.dumps(meta))
+        with open(sidecar, "w", opener=_private) as out:
+            out.write(json.dumps(meta))
         os.replace(sidecar, self.data / f"{key}.json")
         self.sweep_soon()
-        return {
-            "url": f"/api/files/{token}",
-            "name": local.name,
-            "size": local.size,
-            "mime_type": local.mime_type,
-            "expires_at": _iso(expires),
-        }
+        return token, expires
+
+    async def receive(self, chunks: AsyncIterator[bytes], name: str, max_bytes: int) -> LocalFile:
+        """A caller's upload written to ``partial/`` (0600), at most ``max_bytes``
+        (:class:`~app._errors.UploadTooLarge` past it, nothing left behind); publish it next."""
+        target = self.partial / secrets.token_hex(16)
+        size = 0
+        try:
+            fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "wb") as out:
+                async for chunk in chunks:
+                    size += len(chunk)
+                    if size > max_bytes:
+                        raise UploadTooLarge(
+                            f"an upload is larger than {max_bytes} bytes (POOL_MAX_UPLOAD_BYTES)"
+                        )
+                    out.write(chunk)
+        except BaseException:
+            target.unlink(missing_ok=True)
+            raise
+        mime = mimetypes.guess_type(name)[0] or "application/octet-stream"
+        return LocalFile(target, name, size, mime, {})
+
+    def local(self, token: str) -> tuple[Path, str] | None:
+        """The stored file of ``token`` and its name (None: unknown or expired), for
+        sending it on to a Space."""
+        opened = self.open(token)
+        if opened is None:
+            return None
+        handle, meta = opened
+        handle.close()
+        return self.data / _key(token), str(meta.get("name") or "file")
 
     def open(self, token: str) -> tuple[IO[bytes], dict[str, Any]] | None:
         """The open file and its metadata, or None (unknown, expired, not a token)."""
@@ -300,7 +345,15 @@ async def get_file(token: str, request: Request) -> StreamingResponse:
     One ``Range: bytes=a-b`` (or ``a-``, ``-n``) is answered 206, so players can seek;
     an unsatisfiable one is 416; several ranges get the whole file.
     """
-    opened = _store(request).open(token)
+    # Always a download here (the API's contract); the front shows media inline.
+    return file_response(_store(request), token, request, inline_media=False)
+
+
+def file_response(
+    store: FileStore, token: str, request: Request, *, inline_media: bool
+) -> StreamingResponse:
+    """The stored file of ``token`` (FileNotFound: 404), ranges honoured, inert."""
+    opened = store.open(token)
     if opened is None:
         raise FileNotFound("no such file here (unknown or expired URL)")
     handle, meta = opened
@@ -310,26 +363,43 @@ async def get_file(token: str, request: Request) -> StreamingResponse:
     except BaseException:
         handle.close()
         raise
-    name = str(meta.get("name") or "file")
-    quoted = urllib.parse.quote(name, safe="")
+    mime = str(meta.get("mime_type") or "application/octet-stream")
     start, end = span or (0, size - 1)
     headers = {
         "Content-Length": str(end - start + 1),
         "Accept-Ranges": "bytes",
-        # Never rendered from our origin (an HTML or SVG output could script it).
-        "Content-Disposition": f"attachment; filename*=UTF-8''{quoted}",
-        "X-Content-Type-Options": "nosniff",
-        "Content-Security-Policy": "sandbox; default-src 'none'",
-        "Cache-Control": "private, no-store",
+        **inert_headers(mime, str(meta.get("name") or "file"), inline_media=inline_media),
     }
     if span is not None:
         headers["Content-Range"] = f"bytes {start}-{end}/{size}"
     return StreamingResponse(
         _read(handle, start, end - start + 1),
         status_code=206 if span is not None else 200,
-        media_type=str(meta.get("mime_type") or "application/octet-stream"),
+        media_type=mime,
         headers=headers,
     )
+
+
+def inline_safe(mime: str) -> bool:
+    """A media type a browser only displays: images (SVG can script), audio, video."""
+    kind = mime.split(";", 1)[0].strip().lower()
+    return kind.startswith(("image/", "audio/", "video/")) and kind != "image/svg+xml"
+
+
+def inert_headers(mime: str, name: str, *, inline_media: bool = True) -> dict[str, str]:
+    """The headers of every file this service serves (its own store, the front's
+    uploads, a Space's ``file=``): nothing a caller or a Space put in a file can run
+    on this service's origin (the dashboard's admin token lives there). Never sniffed,
+    sandboxed, and a download unless a media type that cannot script."""
+    quoted = urllib.parse.quote(name, safe="")
+    disposition = "inline" if inline_media and inline_safe(mime) else "attachment"
+    return {
+        "Content-Disposition": f"{disposition}; filename*=UTF-8''{quoted}",
+        "X-Content-Type-Options": "nosniff",
+        "Content-Security-Policy": "sandbox; default-src 'none'; style-src 'unsafe-inline';"
+        " img-src 'self' data:; media-src 'self'",
+        "Cache-Control": "private, no-store",
+    }
 
 
 _RANGE = re.compile(r"^bytes=(\d*)-(\d*)$")

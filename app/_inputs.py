@@ -15,7 +15,12 @@ A *file argument* is an object whose only key is ``file``, anywhere in ``args`` 
   ``POOL_ALLOW_FILE_URLS`` is on (off by default: 422, so a caller cannot make the
   service reach into its own network).
 
-Each becomes a temporary file ``<POOL_FILE_DIR>/incoming/<random>/<n>/<name>`` — a
+A raw Gradio ``FileData`` (``{"path": …, "meta": {"_type": "gradio.FileData"}}``) is
+checked by the trust boundary (:meth:`app._boundary.Boundary.values`, the front's rule
+too): an upload id of this service, a URL where allowed, else a file on the Space,
+sent unchanged — never a file of this host.
+
+Each file object becomes a temporary file ``<POOL_FILE_DIR>/incoming/<random>/<n>/<name>`` — a
 folder of its own, under exactly the (sanitized) name the caller gave: the multipart
 part's filename, the ``"name"`` of a base64 or URL file, else ``file`` — and, in the
 arguments, ``pool.file_arg(path, name)``, which is uploaded to the Space under that
@@ -46,9 +51,19 @@ from fastapi.exceptions import RequestValidationError
 from pydantic import ValidationError
 from starlette.datastructures import UploadFile
 
-from pool import InvalidRequest, Partial, Pool, Prediction, UpstreamEvent, WaitTicket, file_arg
+from pool import (
+    InvalidRequest,
+    Partial,
+    Pool,
+    Prediction,
+    UpstreamEvent,
+    WaitTicket,
+    file_arg,
+    is_file_data,
+)
 from pool._files import safe_name
 
+from ._boundary import Boundary
 from ._errors import UploadTooLarge
 from ._schemas import MAX_DEPTH, PredictRequest, is_file_form
 from ._settings import ServiceSettings
@@ -117,6 +132,12 @@ class Call:
             shutil.rmtree(self.folder, ignore_errors=True)
 
 
+def checked_call(body: PredictRequest, boundary: Boundary) -> Call:
+    """A body with no file objects (a job run again by another worker) as a
+    :class:`Call`, through the trust boundary like the first run."""
+    return Call(body, boundary.values(body.args, "args"), boundary.values(body.kwargs, "kwargs"))
+
+
 IP_TOKEN_HEADER = "x-ip-token"
 
 
@@ -158,7 +179,7 @@ def _from_json(raw: bytes | str) -> PredictRequest:
 async def read_call(
     request: Request,
     settings: ServiceSettings,
-    incoming: Path,
+    boundary: Boundary,
     check: Callable[[PredictRequest], object] | None = None,
 ) -> Call:
     """The request's body and its file arguments; raises the usual 4xx errors.
@@ -176,7 +197,7 @@ async def read_call(
         body = _from_json(raw) if is_json else _validated(raw)
         if check is not None:
             check(body)
-        return await _materialize(body, {}, settings, incoming)
+        return await _materialize(body, {}, settings, boundary)
     form = await request.form(
         max_files=MAX_FILE_PARTS, max_fields=MAX_FORM_FIELDS, max_part_size=settings.max_body_bytes
     )
@@ -197,7 +218,7 @@ async def read_call(
                 if name in uploads:
                     raise InvalidRequest(f"two file parts named {name[:64]!r}")
                 uploads[name] = value
-        return await _materialize(body, uploads, settings, incoming)
+        return await _materialize(body, uploads, settings, boundary)
     finally:
         await form.close()
 
@@ -206,10 +227,11 @@ class _Files:
     """Writes one request's file arguments into its folder, counting bytes."""
 
     def __init__(
-        self, settings: ServiceSettings, incoming: Path, uploads: dict[str, UploadFile]
+        self, settings: ServiceSettings, boundary: Boundary, uploads: dict[str, UploadFile]
     ) -> None:
         self.settings = settings
-        self.incoming = incoming
+        self.boundary = boundary
+        self.incoming = boundary.store.incoming
         self.uploads = uploads
         self.folder: Path | None = None
         self.total = 0
@@ -331,6 +353,8 @@ class _Files:
             return value
         if is_file_form(value):
             return await self.convert(value["file"], where)
+        if is_file_data(value):  # a raw Gradio FileData: the boundary's rule
+            return self.boundary.values(value, where)
         if isinstance(value, list):
             return [await self.walk(v, f"{where}[{i}]", depth + 1) for i, v in enumerate(value)]
         if isinstance(value, dict):
@@ -342,9 +366,9 @@ async def _materialize(
     body: PredictRequest,
     uploads: dict[str, UploadFile],
     settings: ServiceSettings,
-    incoming: Path,
+    boundary: Boundary,
 ) -> Call:
-    files = _Files(settings, incoming, uploads)
+    files = _Files(settings, boundary, uploads)
     try:
         args = [await files.walk(a, f"args[{i}]") for i, a in enumerate(body.args)]
         kwargs = {k: await files.walk(v, f"kwargs.{k}") for k, v in body.kwargs.items()}

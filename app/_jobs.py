@@ -320,7 +320,7 @@ class JobRunner:
     async def submit(
         self,
         body: PredictRequest,
-        call: Call | None = None,
+        call: Call,
         files: FileOutput | None = None,
         job_id: str | None = None,
     ) -> JobRecord:
@@ -338,7 +338,6 @@ class JobRunner:
             owner=self.owner,
         )
         await self.store.add(record)
-        call = call or Call(body, body.args, body.kwargs)
         if self.on_start is not None:
             await self.on_start(record, body, call)
         self.start(record.job_id, body, call, files)

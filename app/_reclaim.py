@@ -34,8 +34,9 @@ from typing import Any
 
 from pool.admission import SharedValues
 
+from ._boundary import Boundary
 from ._files import FileOutput
-from ._inputs import Call
+from ._inputs import Call, checked_call
 from ._jobs import JobRecord, JobRunner
 from ._schemas import PredictRequest
 from ._shared_jobs import SharedJobStore
@@ -58,8 +59,10 @@ class Reclaimer:
         store: SharedJobStore,
         values: Callable[[], SharedValues],
         ttl_s: float,
-        files_for: Callable[[PredictRequest], FileOutput | None],
+        files_for: Callable[[PredictRequest], FileOutput],
+        boundary: Boundary,
     ) -> None:
+        self._boundary = boundary
         self.runner = runner
         self.store = store
         self._values = values
@@ -192,5 +195,5 @@ class Reclaimer:
         await self._put(record.job_id, {**info, "owner": self.worker})
         await self.store.local.add(record)
         body = body.model_copy(update={"timeout_s": left})
-        self.runner.start(record.job_id, body, Call(body, body.args, body.kwargs),
-                          self._files_for(body))  # fmt: skip
+        call = checked_call(body, self._boundary)
+        self.runner.start(record.job_id, body, call, self._files_for(body))

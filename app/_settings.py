@@ -73,8 +73,16 @@ class ServiceSettings(BaseSettings):
         " before the busy answer (gradio_client's join gives up after 5 s)"
     )
     gradio_session_idle_s: float = Field(
-        default=1800.0, gt=0, description="Gradio front: a session with no request, stream"
-        " or heartbeat this long ends"
+        default=1800.0, gt=0, description="Gradio front: a session with no event starting,"
+        " no stream or heartbeat open this long ends (its unread results dropped)"
+    )
+    gradio_max_sessions: int = Field(
+        default=128, ge=1, description="Gradio front: sessions open at once in this process;"
+        " past it the clients' busy answer (503, Retry-After)"
+    )
+    gradio_max_sessions_per_user: int = Field(
+        default=32, ge=1, description="Gradio front: sessions of one user (anonymous"
+        " callers are one user) open at once; past it the busy answer"
     )
 
     @field_validator("admin_token", "api_token", mode="before")

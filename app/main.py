@@ -44,10 +44,11 @@ from pool._tasks import cancel_and_wait
 
 from . import _errors
 from ._api import router
+from ._boundary import Boundary
 from ._dashboard import router as dashboard_router
 from ._files import FileOutput, FileStore, run_sweeper
 from ._files import router as files_router
-from ._gradio import FrontSessions, uploads_dir
+from ._gradio import FrontSessions
 from ._gradio import router as gradio_router
 from ._history import Activity, run_sampler
 from ._jobs import JobRunner, MemoryJobStore
@@ -94,12 +95,21 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
         max_total_bytes=settings.file_max_total_bytes,
     )
     app.state.files = files
-    runner, reclaim = _job_runner(local, pool, settings, files)
+    boundary = app.state.boundary = Boundary(
+        files, allow_urls=settings.allow_file_urls, outputs_ttl_s=settings.file_ttl_s
+    )
+    runner, reclaim = _job_runner(local, pool, settings, files, boundary)
     watcher = asyncio.get_running_loop().create_task(runner.watch_cancellations())
     app.state.jobs = runner
     sweeper = asyncio.get_running_loop().create_task(run_sweeper(files))
     front = app.state.gradio_sessions = FrontSessions(
-        settings.gradio_session_idle_s, uploads_dir(settings), settings.file_ttl_s
+        settings.gradio_session_idle_s,
+        max_sessions=settings.gradio_max_sessions,
+        max_per_user=settings.gradio_max_sessions_per_user,
+        # Each holds up to two of a Space's connections (data stream, heartbeat): at
+        # most a third of what its transport may open, the rest for the JSON API.
+        max_upstream=max(1, pool.settings.max_connections // 2),
+        boundary=boundary,
     )
     _log.info(
         "serving %d Space(s): %s; admission store %s",
@@ -128,8 +138,9 @@ async def _idle() -> None:
 
 
 def _job_runner(
-    local: MemoryJobStore, pool: Pool, settings: ServiceSettings, files: FileStore
-) -> tuple[JobRunner, asyncio.Task[None]]:
+    local: MemoryJobStore, pool: Pool, settings: ServiceSettings, files: FileStore,
+    boundary: Boundary,
+) -> tuple[JobRunner, asyncio.Task[None]]:  # fmt: skip
     """The job runner; with a shared coordinator, jobs every worker reads, cancels and
     reclaims from a lost worker (app._reclaim), and the task that heartbeats for it."""
     if pool.coordinator.store == "memory":
@@ -141,7 +152,8 @@ def _job_runner(
         return FileOutput(files, body.files, settings.file_inline_max_bytes)
 
     reclaimer = Reclaimer(
-        runner, store, lambda: pool.coordinator.values, pool.settings.lease_ttl_s, files_for
+        runner, store, lambda: pool.coordinator.values, pool.settings.lease_ttl_s, files_for,
+        boundary,
     )
     return runner, asyncio.get_running_loop().create_task(reclaimer.run())
 

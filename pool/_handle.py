@@ -316,6 +316,12 @@ class PooledClient:
         self._jobs.append(pooled)
         return pooled
 
+    async def screen(self, data: list[Any]) -> None:
+        """The outbound secret guard of this Space (as :meth:`submit` applies it) on
+        a payload sent another way: the Gradio front's relayed events."""
+        if self._guard:
+            check_outbound(tuple(data), {})
+
     async def predict(
         self,
         *args: Any,

@@ -37,7 +37,7 @@ import httpx
 
 from ._exceptions import PoolClosedError
 from ._tls import shared_ssl_context
-from .transport import EVENTS_KEEP, Feed, UpstreamDone, UpstreamPartial
+from .transport import EVENTS_KEEP, Feed, UpstreamDone, UpstreamPartial, space_files_in
 
 NAME_WAIT_S = 5.0  # longest wait for a just-submitted job's event id, to cancel it
 
@@ -250,7 +250,14 @@ def submit(
     client: Any, api_name: str | None, args: tuple[Any, ...], kwargs: Mapping[str, Any],
     headers: Mapping[str, str] | None, keep: int, executor: Executor,
 ) -> GradioJob:  # fmt: skip
-    """Start a job on a Client (ValueError/TypeError as gradio_client raises them)."""
+    """Start a job on a Client (ValueError/TypeError as gradio_client raises them).
+
+    gradio_client uploads every non-URL FileData from this host's disk: a
+    :class:`~pool.transport.SpaceFile` (a caller's reference to a file on the Space)
+    cannot be sent through it, so it is refused here (ValueError), never read."""
+    if space_files_in(args) or space_files_in(dict(kwargs)):
+        raise ValueError("a file already on the Space can be passed only with the native"
+                         " transport (POOL_TRANSPORT=native)")  # fmt: skip
     extra = {"headers": dict(headers)} if headers else {}
     job = client.submit(*args, api_name=api_name, **extra, **kwargs)
     return GradioJob(job, executor, keep)

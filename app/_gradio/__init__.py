@@ -9,7 +9,7 @@ app) gets pooling, session pinning, admission and failover.
 * :mod:`._rewrite` — no Space address reaches the caller.
 """
 
-from ._routes import router, uploads_dir
+from ._routes import router
 from ._session import FrontSessions
 
-__all__ = ["FrontSessions", "router", "uploads_dir"]
+__all__ = ["FrontSessions", "router"]

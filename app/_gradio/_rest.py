@@ -22,6 +22,7 @@ from gradio_client import utils as gradio_utils
 
 from pool import InvalidRequest, get_pool
 
+from .._boundary import BadJson, parse_json
 from ._session import EventRequest, FrontSession, FrontSessions
 from ._upstream import served
 
@@ -37,8 +38,8 @@ async def call_post(
     """``POST call/{api_name}``; ``event_of(request, body)`` builds the event as a join's.
     Failures are raised (the routes answer them)."""
     try:
-        body = await request.json()
-    except ValueError as exc:
+        body = parse_json(await request.body())
+    except BadJson as exc:
         raise InvalidRequest(f"invalid body: {exc}") from None
     if not isinstance(body, dict) or not isinstance(body.get("data"), list):
         raise InvalidRequest('the body must be {"data": [...]}')
@@ -53,17 +54,20 @@ async def call_post(
     given = body.get("session_hash")
     session_hash = given if isinstance(given, str) and given else uuid.uuid4().hex
     event = await event_of(request, {"fn_index": endpoint.fn_index, "data": data})
-    session = front.open(scope, session_hash)
+    session = front.open(scope, session_hash, get_pool().hash_user(event.email))
     event_id = await session.join(get_pool(), event)
     front.rest[event_id] = (session, not isinstance(given, str) or not given)
     return JSONResponse({"event_id": event_id})
 
 
-async def call_get(request: Request, front: FrontSessions) -> Response:
-    """``GET call/{api_name}/{event_id}``: the event's messages in the REST form."""
-    found = front.rest.pop(str(request.path_params["event_id"]), None)
-    if found is None:
+async def call_get(request: Request, front: FrontSessions, user: str | None) -> Response:
+    """``GET call/{api_name}/{event_id}``: the event's messages in the REST form (its
+    own user's only)."""
+    event_id = str(request.path_params["event_id"])
+    found = front.rest.get(event_id)
+    if found is None or found[0].user != user:
         return JSONResponse({"detail": "Not Found"}, status_code=404)
+    del front.rest[event_id]
     session, own = found
     stream = _rest_stream(front, session, str(request.path_params["event_id"]), own)
     return StreamingResponse(stream, media_type="text/event-stream",

@@ -9,13 +9,14 @@ Rewrite = Callable[[Any], Any]
 
 
 def rewriter(space_root: str, front_root: str) -> Rewrite:
-    """A function replacing every string's ``space_root`` prefix by ``front_root``."""
+    """A function replacing ``space_root`` by ``front_root`` wherever it occurs in a
+    string (a URL, or inside a text such as ``info``'s code snippets)."""
     src = space_root.rstrip("/")
     dst = front_root.rstrip("/")
 
     def rewrite(value: Any) -> Any:
         if isinstance(value, str):
-            return dst + value[len(src):] if value.startswith(src) else value
+            return value.replace(src, dst) if src in value else value
         if isinstance(value, list):
             return [rewrite(v) for v in value]
         if isinstance(value, dict):

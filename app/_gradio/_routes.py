@@ -19,28 +19,35 @@ import asyncio
 import contextlib
 import functools
 import json
-import os
-import secrets
+import math
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from pathlib import Path
 from typing import Any
 
 import httpx
 from fastapi import APIRouter, Depends, Request
-from fastapi.responses import FileResponse, JSONResponse, Response, StreamingResponse
-from gradio_client import utils as gradio_utils
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.datastructures import UploadFile
 
 from pool import BusyError, InvalidRequest, PoolError, get_pool
 from pool.transport import safe_name
 
 from .._auth import require_api_token
+from .._boundary import BadJson, parse_json, upload_id, upload_token
 from .._errors import describe
+from .._files import FileStore, file_response
 from .._logging import context_of
 from .._settings import ServiceSettings
 from . import _rest
 from ._rewrite import rewriter
-from ._session import EventRequest, FrontSession, FrontSessions, FrontUnavailable
+from ._session import (
+    EventRequest,
+    FrontBusy,
+    FrontSession,
+    FrontSessions,
+    FrontUnavailable,
+    NotYours,
+)
 from ._upstream import file_headers, front_config, open_file, served, transport_of
 
 USER_HEADER = "x-spacepool-user"
@@ -48,6 +55,7 @@ KEEPALIVE_S = 15.0  # gradio/utils.py get_heartbeat_rate
 # Our heartbeat stream writes more often than a Space's: a client that went away (whose
 # close does not shut the socket: gradio_client) is seen at the next write.
 ALIVE_S = 5.0
+MAX_UPLOADS = 16  # files in one upload request
 _SSE = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 Endpoint = Callable[[Request], Awaitable[Response]]
@@ -83,6 +91,11 @@ def _email(request: Request) -> str | None:
     return value or None
 
 
+def _user(request: Request) -> str | None:
+    """The keyed hash of the request's user (a front session's owner)."""
+    return get_pool().hash_user(_email(request))
+
+
 def _error(exc: BaseException) -> Response:
     """A failure as a Space answers it: ``{"detail": ...}``; busy as a full queue."""
     if isinstance(exc, FrontUnavailable):
@@ -116,51 +129,67 @@ async def app_id(request: Request) -> Response:
 
 
 # -- files ---------------------------------------------------------------------------------
-def uploads_dir(settings: ServiceSettings) -> Path:
-    return Path(settings.file_dir).resolve().parent / "gradio-uploads"
+def _store(request: Request) -> FileStore:
+    store: FileStore = request.app.state.files
+    return store
 
 
 async def upload(request: Request) -> Response:
-    """``POST upload`` (multipart ``files``): kept here; the paths returned are the
-    service's, and the event's Space gets a copy when the event joins."""
-    folder = uploads_dir(_settings(request)) / secrets.token_hex(12)
+    """``POST upload`` (multipart ``files``): kept in the service's file store (0600,
+    ``POOL_MAX_UPLOAD_BYTES`` per file, counted in ``POOL_FILE_MAX_TOTAL_BYTES``,
+    expiring after ``POOL_FILE_TTL_S``); answered with opaque ids, which the trust
+    boundary turns back into the file when an event names one (app._boundary)."""
+    store, limit = _store(request), _settings(request).max_upload_bytes
     paths: list[str] = []
-    async with request.form() as form:
+    async with request.form(max_files=MAX_UPLOADS, max_fields=MAX_UPLOADS) as form:
         for item in form.getlist("files"):
             if isinstance(item, str):
                 continue
-            os.makedirs(folder, exist_ok=True)
-            target = folder / safe_name(item.filename)
-            with target.open("wb") as out:
-                while chunk := await item.read(64 * 1024):
-                    out.write(chunk)
-            paths.append(str(target))
+            name = safe_name(item.filename)
+            local = await store.receive(_chunks(item), name, limit)
+            token, _ = await asyncio.to_thread(store.keep, local)
+            paths.append(upload_id(token, name))
     return JSONResponse(paths)
 
 
-def _own_upload(request: Request, path: str) -> Path | None:
-    root = uploads_dir(_settings(request))
-    candidate = Path(path).resolve()
-    return candidate if candidate.is_relative_to(root) and candidate.is_file() else None
+async def _chunks(item: UploadFile) -> AsyncIterator[bytes]:
+    while chunk := await item.read(64 * 1024):
+        yield chunk
+
+
+def _space_path(path: str) -> str | None:
+    """``path`` if it names a file under the Space's ``file=`` route, else None: no
+    ``..`` (encoded or not: the route's parameter arrives decoded), no backslash or
+    control character, so a ``file=`` request cannot reach another route."""
+    if not path or any(ch in path for ch in "\\\x00?#") or not path.isprintable():
+        return None
+    if any(part in ("..", ".") for part in path.split("/")):
+        return None
+    return path
 
 
 async def file(request: Request) -> Response:
-    """``GET file={path}``: an upload of ours, or the Space's file (streamed)."""
+    """``GET file={path}``: an upload of ours, or the Space's file (streamed); inert
+    on this origin either way (app._files.inert_headers)."""
     path = str(request.path_params["path"])
-    own = _own_upload(request, path)
-    if own is not None:
-        return FileResponse(own)
+    token = upload_token(path)
+    if token is not None:
+        return file_response(_store(request), token, request, inline_media=True)
+    checked = _space_path(path)
+    if checked is None:
+        return JSONResponse({"detail": "File not found"}, status_code=404)
     pool, scope = get_pool(), _scope(request)
     names = [scope] if scope is not None else list(pool.spaces)
     for name in names:
         with contextlib.suppress(Exception):
             transport, app = await transport_of(pool, name)
             stack = contextlib.AsyncExitStack()
-            response = await stack.enter_async_context(open_file(transport, app, path))
+            response = await stack.enter_async_context(open_file(transport, app, checked))
             if response is None:
                 await stack.aclose()
                 continue
-            return StreamingResponse(_file_body(response, stack), headers=file_headers(response))
+            return StreamingResponse(_file_body(response, stack),
+                                     headers=file_headers(response, checked))  # fmt: skip
     return JSONResponse({"detail": "File not found"}, status_code=404)
 
 
@@ -170,24 +199,12 @@ async def _file_body(response: Any, stack: contextlib.AsyncExitStack) -> AsyncIt
             yield chunk
 
 
-def _check_files(request: Request, data: list[Any]) -> None:
-    """Every file among the inputs is an upload of ours or a URL: a client cannot make
-    the service send one of its own files."""
-
-    def check(item: dict[str, Any]) -> dict[str, Any]:
-        path = str(item.get("path", ""))
-        if not gradio_utils.is_http_url_like(path) and _own_upload(request, path) is None:
-            raise InvalidRequest("a file input must be uploaded to this service first")
-        return item
-
-    gradio_utils.traverse(data, check, gradio_utils.is_file_obj_with_meta)
-
-
 # -- the queue ---------------------------------------------------------------------------
 async def _body(request: Request) -> Any:
+    """The JSON body (bounded nesting: app._boundary.parse_json); None if not JSON."""
     try:
-        return await request.json()
-    except ValueError:
+        return parse_json(await request.body())
+    except BadJson:
         return None
 
 
@@ -197,7 +214,7 @@ async def join(request: Request) -> Response:
     if not isinstance(session_hash, str) or not session_hash:
         return JSONResponse({"detail": "session_hash is required"}, status_code=400)
     event = await _event(request, body)
-    session = sessions(request).open(_scope(request), session_hash)
+    session = sessions(request).open(_scope(request), session_hash, _user(request))
     event_id = await session.join(get_pool(), event)
     context_of(request).space = session.space
     return JSONResponse({"event_id": event_id})
@@ -212,11 +229,11 @@ async def _event(request: Request, body: dict[str, Any]) -> EventRequest:
         raise InvalidRequest(f"no function {fn_index!r} in this app")
     if not isinstance(data, list):
         raise InvalidRequest("data must be a list")
-    _check_files(request, data)
+    settings = _settings(request)
+    data = sessions(request).boundary.values(data, "data")
     endpoint = app.endpoints[fn_index]
     email = _email(request)
     context_of(request).user = pool.hash_user(email)
-    settings = _settings(request)
     return EventRequest(
         api_name=endpoint.api_name if endpoint.public else None, fn_index=fn_index, data=data,
         email=email,
@@ -227,7 +244,7 @@ async def _event(request: Request, body: dict[str, Any]) -> EventRequest:
 
 async def data(request: Request) -> Response:
     session_hash = request.query_params.get("session_hash", "")
-    session = sessions(request).get(_scope(request), session_hash)
+    session = sessions(request).get(_scope(request), session_hash, _user(request))
     if session is None:
         return JSONResponse({"detail": "Not Found"}, status_code=404)
     return StreamingResponse(_stream(session), media_type="text/event-stream", headers=_SSE)
@@ -257,7 +274,8 @@ async def _stream(session: FrontSession) -> AsyncIterator[str]:
 async def cancel(request: Request) -> Response:
     body = await _body(request)
     if isinstance(body, dict):
-        session = sessions(request).get(_scope(request), str(body.get("session_hash", "")))
+        hashed = str(body.get("session_hash", ""))
+        session = sessions(request).get(_scope(request), hashed, _user(request))
         if session is not None:
             await session.cancel(str(body.get("event_id", "")))
     return JSONResponse({"success": True})
@@ -272,7 +290,8 @@ async def heartbeat(request: Request) -> Response:
     """Keeps the session alive; when the client closes it the session ends (its
     events cancelled, the upstream session's heartbeat closed)."""
     front = sessions(request)
-    session = front.open(_scope(request), str(request.path_params["session_hash"]))
+    hashed = str(request.path_params["session_hash"])
+    session = front.open(_scope(request), hashed, _user(request))
     return StreamingResponse(_beats(front, session), media_type="text/event-stream",
                              headers=_SSE)  # fmt: skip
 
@@ -295,7 +314,7 @@ async def call_post(request: Request) -> Response:
 
 
 async def call_get(request: Request) -> Response:
-    return await _rest.call_get(request, sessions(request))
+    return await _rest.call_get(request, sessions(request), _user(request))
 
 
 def _answering(endpoint: Endpoint) -> Endpoint:
@@ -307,6 +326,13 @@ def _answering(endpoint: Endpoint) -> Endpoint:
             return await endpoint(request)
         except (PoolError, FrontUnavailable) as exc:
             return _error(exc)
+        except FrontBusy as exc:
+            retry = str(max(1, math.ceil(exc.retry_after_s)))
+            return JSONResponse({"detail": f"Queue is full. {exc}", "error": "busy",
+                                 "retry_after_s": exc.retry_after_s},
+                                status_code=503, headers={"Retry-After": retry})  # fmt: skip
+        except NotYours:
+            return JSONResponse({"detail": "Session not found."}, status_code=404)
         except httpx.HTTPError as exc:
             detail = f"the Space failed ({type(exc).__name__})"
             return JSONResponse({"detail": detail}, status_code=502)

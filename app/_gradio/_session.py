@@ -24,17 +24,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import shutil
 import time
 import uuid
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from pool import InvalidRequest, NoHealthySpaceError, Pool, PooledClient, UpstreamTransportError
 from pool.admission import WaitTicket
 from pool.transport import Call, CallCancelled, Session, SessionDropped
 
+from .._boundary import Boundary
 from ._rewrite import rewriter
 
 _log = logging.getLogger("spacepool.app")
@@ -43,6 +42,19 @@ _ANNOUNCE_S = 0.25
 
 class FrontUnavailable(Exception):
     """The Space's connection is not on the native transport (POOL_TRANSPORT)."""
+
+
+class FrontBusy(Exception):
+    """Too many front sessions open (in all, of one user, or upstream on one Space):
+    the clients' busy answer, with ``retry_after_s``."""
+
+    def __init__(self, message: str, retry_after_s: float) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+
+class NotYours(Exception):
+    """A session hash in use by another user: answered as an unknown session."""
 
 
 @dataclass(frozen=True)
@@ -66,9 +78,14 @@ def completed_error(event_id: str, message: str) -> dict[str, Any]:
 class FrontSession:
     """One downstream ``session_hash`` (see the module docstring)."""
 
-    def __init__(self, scope: str | None, session_hash: str) -> None:
+    def __init__(
+        self, scope: str | None, session_hash: str, user: str | None, front: FrontSessions
+    ) -> None:
         self.scope = scope  # the alias of /gradio/{alias}/, None for /gradio/
         self.hash = session_hash
+        self.user = user  # the keyed hash of the user of its first request (owner)
+        self.front = front
+        self.starting = 0  # events being admitted and joined upstream
         self.space: str | None = scope  # the pinned Space
         self.upstream: Session | None = None
         self.outbox: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
@@ -84,8 +101,9 @@ class FrontSession:
 
     @property
     def idle_since(self) -> float | None:
-        """When it went idle (no event, stream or heartbeat open), or None."""
-        busy = self.pending or self.tasks or self.heartbeats or self.streams
+        """When it went idle, or None: no event being started, no stream or heartbeat
+        open — whatever is still pending (a result nobody reads is dropped with it)."""
+        busy = self.starting or self.heartbeats or self.streams
         return None if busy else self.touched
 
     async def join(self, pool: Pool, event: EventRequest) -> str:
@@ -110,12 +128,15 @@ class FrontSession:
     ) -> None:
         ticket = WaitTicket()
         announcer = asyncio.get_running_loop().create_task(self._announce(ticket, event_id))
+        self.starting += 1
+        starting = True
         try:
             async with self._admit(pool, event, ticket) as handle:
                 announcer.cancel()
                 call = await self._start(handle, event, event_id)
                 self.pending.add(event_id)
                 self.calls[event_id] = call
+                starting = self._started()
                 joined.set_result(event_id)
                 await asyncio.wait([call.result])
                 self._finished(handle, call, event_id)
@@ -126,7 +147,16 @@ class FrontSession:
                     return
             raise
         finally:
+            if starting:
+                self._started()
             announcer.cancel()
+
+    def _started(self) -> bool:
+        """An event left its start (joined upstream, or failed): idle time counts anew.
+        False (the event is not starting any more)."""
+        self.starting -= 1
+        self.touched = time.monotonic()
+        return False
 
     async def _announce(self, ticket: WaitTicket, event_id: str) -> None:
         """While the event waits for admission, spacepool's queue position as the
@@ -169,6 +199,7 @@ class FrontSession:
             yield handle
 
     async def _start(self, handle: PooledClient, event: EventRequest, event_id: str) -> Call:
+        await handle.screen(event.data)  # the secret guard, as on /api/predict
         session = self._upstream_on(handle)
         endpoint = session.app.endpoints.get(event.fn_index)
         if endpoint is None or endpoint.api_name != event.api_name:  # not a replica's order
@@ -181,6 +212,8 @@ class FrontSession:
         def relay(msg: dict[str, Any]) -> None:
             if msg.get("msg") == "process_completed":
                 self.completed.add(event_id)
+            if "output" in msg:  # its files may be named back by the client
+                self.front.boundary.saw_outputs(msg["output"])
             self.outbox.put_nowait(rewrite({**msg, "event_id": event_id}))
 
         try:
@@ -199,6 +232,9 @@ class FrontSession:
         transport, app = getattr(native, "transport", None), getattr(native, "app", None)
         if transport is None or app is None:
             raise FrontUnavailable("the Gradio front needs POOL_TRANSPORT=native")
+        if self.front.upstream_on(handle.space) >= self.front.max_upstream:
+            raise FrontBusy(f"{self.front.max_upstream} Gradio sessions are open on"
+                            f" {handle.space}", min(self.front.idle_s, 30.0))  # fmt: skip
         self._close_upstream()
         self.space = handle.space
         self.upstream = Session(transport, app, uuid.uuid4().hex)
@@ -274,30 +310,61 @@ class FrontSession:
 
 
 class FrontSessions:
-    """Every live :class:`FrontSession` of this process, by (scope, hash)."""
+    """Every live :class:`FrontSession` of this process, by (scope, hash), within
+    caps: ``max_sessions`` in all, ``max_per_user`` of one user (anonymous callers
+    are one user), ``max_upstream`` holding an upstream session on one Space (each
+    holds up to two of the Space's connections: its data stream and heartbeat, so
+    the front never takes the connections the JSON API's calls need)."""
 
-    def __init__(self, idle_s: float, uploads: Path, uploads_ttl_s: float) -> None:
+    def __init__(
+        self, idle_s: float, *, max_sessions: int, max_per_user: int, max_upstream: int,
+        boundary: Boundary,
+    ) -> None:  # fmt: skip
         self.idle_s = idle_s
-        self.uploads = uploads  # the folder of the clients' uploads (._routes.upload)
-        self.uploads_ttl_s = uploads_ttl_s
+        self.boundary = boundary  # told of every output file relayed (app._boundary)
+        self.max_sessions = max_sessions
+        self.max_per_user = max_per_user
+        self.max_upstream = max_upstream
         self._sessions: dict[tuple[str | None, str], FrontSession] = {}
         self._sweeper: asyncio.Task[None] | None = None
         self._ending: set[asyncio.Task[None]] = set()
         # REST calls (._rest) not read yet: event id → (session, made for the call)
         self.rest: dict[str, tuple[FrontSession, bool]] = {}
 
-    def get(self, scope: str | None, session_hash: str) -> FrontSession | None:
-        return self._sessions.get((scope, session_hash))
+    def get(self, scope: str | None, session_hash: str, user: str | None) -> FrontSession | None:
+        """The session, if it exists and belongs to ``user`` (else None: to another
+        user a session hash in use is unknown)."""
+        session = self._sessions.get((scope, session_hash))
+        if session is None or session.closed or session.user != user:
+            return None
+        return session
 
-    def open(self, scope: str | None, session_hash: str) -> FrontSession:
-        """The session, made on first use."""
+    def open(self, scope: str | None, session_hash: str, user: str | None) -> FrontSession:
+        """The session, made on first use (:class:`FrontBusy` over a cap,
+        :class:`NotYours` when another user's)."""
         key = (scope, session_hash)
         session = self._sessions.get(key)
-        if session is None or session.closed:
-            session = self._sessions[key] = FrontSession(scope, session_hash)
+        if session is not None and not session.closed:
+            if session.user != user:
+                raise NotYours(session_hash)
+            return session
+        live = [s for s in self._sessions.values() if not s.closed]
+        retry = min(self.idle_s, 30.0)
+        if len(live) >= self.max_sessions:
+            raise FrontBusy(f"{len(live)} Gradio sessions are open"
+                            " (POOL_GRADIO_MAX_SESSIONS)", retry)  # fmt: skip
+        if sum(1 for s in live if s.user == user) >= self.max_per_user:
+            raise FrontBusy(f"this user has {self.max_per_user} Gradio sessions open"
+                            " (POOL_GRADIO_MAX_SESSIONS_PER_USER)", retry)  # fmt: skip
+        session = self._sessions[key] = FrontSession(scope, session_hash, user, self)
         if self._sweeper is None or self._sweeper.done():
             self._sweeper = asyncio.get_running_loop().create_task(self._sweep())
         return session
+
+    def upstream_on(self, space: str) -> int:
+        """Sessions holding an upstream session on ``space``."""
+        return sum(1 for s in self._sessions.values()
+                   if s.upstream is not None and s.space == space)  # fmt: skip
 
     def end_later(self, session: FrontSession) -> None:
         """:meth:`end` in a task of its own (from a stream that is closing)."""
@@ -309,13 +376,14 @@ class FrontSessions:
         """Close ``session`` and forget it."""
         if self._sessions.get((session.scope, session.hash)) is session:
             del self._sessions[(session.scope, session.hash)]
+        for event_id in [e for e, (s, _) in self.rest.items() if s is session]:
+            del self.rest[event_id]
         await session.aclose()
 
     async def _sweep(self) -> None:
-        """End idle sessions; delete uploads older than ``uploads_ttl_s``."""
+        """End the sessions idle for ``idle_s`` (:attr:`FrontSession.idle_since`)."""
         while True:
-            await asyncio.sleep(min(30.0, self.idle_s, self.uploads_ttl_s))
-            await asyncio.to_thread(_remove_old, self.uploads, time.time() - self.uploads_ttl_s)
+            await asyncio.sleep(min(30.0, max(0.05, self.idle_s / 4)))
             now = time.monotonic()
             for session in list(self._sessions.values()):
                 since = session.idle_since
@@ -327,15 +395,3 @@ class FrontSessions:
             self._sweeper.cancel()
         sessions, self._sessions = list(self._sessions.values()), {}
         await asyncio.gather(*(s.aclose() for s in sessions), return_exceptions=True)
-
-
-
-
-def _remove_old(folder: Path, before: float) -> None:
-    """Remove the upload folders in ``folder`` last changed before ``before``."""
-    if not folder.is_dir():
-        return
-    for entry in folder.iterdir():
-        with contextlib.suppress(OSError):
-            if entry.stat().st_mtime < before:
-                shutil.rmtree(entry, ignore_errors=True)

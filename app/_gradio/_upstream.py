@@ -9,18 +9,20 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import urllib.parse
 from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
 
 from pool import NoHealthySpaceError, Pool, UnknownSpace
-from pool.transport import AppInfo, SpaceTransport
+from pool.transport import AppInfo, SpaceTransport, safe_name
 
+from .._files import inert_headers
 from ._rewrite import rewriter
 from ._session import FrontUnavailable
 
-_PASSED_HEADERS = ("content-type", "content-length", "content-disposition", "cache-control")
+_PASSED_HEADERS = ("content-type", "content-length")
 
 
 async def transport_of(pool: Pool, name: str) -> tuple[SpaceTransport, AppInfo]:
@@ -81,7 +83,7 @@ async def open_file(
 ) -> AsyncIterator[httpx.Response | None]:
     """The Space's ``file=`` response for ``path`` (gradio/routes.py ``file``), open
     for streaming; None when the Space does not serve it."""
-    url = app.url("file=" + path)
+    url = app.url("file=" + urllib.parse.quote(path, safe="/"))
     # The home replica's cookies (pool/transport/_affinity.py): the front cannot tell
     # which session, hence which replica, made the file.
     request = transport.http.build_request("GET", url, headers=transport.home.headers(url))
@@ -92,5 +94,9 @@ async def open_file(
         await response.aclose()
 
 
-def file_headers(response: httpx.Response) -> dict[str, str]:
-    return {k: v for k in _PASSED_HEADERS if (v := response.headers.get(k)) is not None}
+def file_headers(response: httpx.Response, path: str) -> dict[str, str]:
+    """A Space's file as this service serves it: length and type passed on, made
+    inert on this origin (:func:`app._files.inert_headers`)."""
+    mime = response.headers.get("content-type", "application/octet-stream")
+    passed = {k: v for k in _PASSED_HEADERS if (v := response.headers.get(k)) is not None}
+    return {**passed, **inert_headers(mime, safe_name(path.rsplit("/", 1)[-1]))}

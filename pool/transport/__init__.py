@@ -44,7 +44,16 @@ from ._events import (
     UpstreamStarted,
 )
 from ._feed import Feed
-from ._files import Downloaded, Redirected, TooLarge, download_to, file_url, safe_name
+from ._files import (
+    Downloaded,
+    Redirected,
+    SpaceFile,
+    TooLarge,
+    download_to,
+    file_url,
+    safe_name,
+    space_files_in,
+)
 from ._session import EVENTS_KEEP, Call, CallCancelled, Relay, Session, SessionDropped
 from ._space import RateLimited, ShortBody, SpaceTransport
 
@@ -66,6 +75,7 @@ __all__ = [
     "Session",
     "SessionDropped",
     "ShortBody",
+    "SpaceFile",
     "SpaceTransport",
     "TooLarge",
     "UpstreamDone",
@@ -78,4 +88,5 @@ __all__ = [
     "download_to",
     "file_url",
     "safe_name",
+    "space_files_in",
 ]

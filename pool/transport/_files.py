@@ -18,6 +18,33 @@ _CHUNK = 64 * 1024
 _MAX_REDIRECTS = 3
 
 
+class SpaceFile(dict[str, Any]):
+    """A FileData that names a file already on the Space (an earlier output): sent to
+    it exactly as it is, never uploaded from this host.
+
+    The service wraps every FileData an HTTP caller sends in one (``app/_boundary.py``):
+    a plain FileData dict is what ``handle_file`` makes for a *local* file, which the
+    transport uploads, so a caller's ``{"path": "/etc/hostname", ...}`` would otherwise
+    be read from this host's disk. A JSON body can only make plain dicts, so no caller
+    can forge this marker; library code that names its own local files keeps using
+    ``handle_file``/``file_arg`` (trusted, uploaded)."""
+
+    __slots__ = ()
+
+
+def space_files_in(value: Any, depth: int = 0) -> bool:
+    """Whether any :class:`SpaceFile` is nested in ``value`` (bounded depth)."""
+    if depth > 64:
+        return False
+    if isinstance(value, SpaceFile):
+        return True
+    if isinstance(value, dict):
+        return any(space_files_in(v, depth + 1) for v in value.values())
+    if isinstance(value, (list, tuple)):
+        return any(space_files_in(v, depth + 1) for v in value)
+    return False
+
+
 class Downloaded:
     """A file written by :func:`download_to`."""
 

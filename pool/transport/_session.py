@@ -51,6 +51,7 @@ from ._events import (
     status_event,
 )
 from ._feed import Feed
+from ._files import SpaceFile
 from ._space import SpaceTransport
 
 Relay = Callable[[dict[str, Any]], None]
@@ -335,12 +336,16 @@ class Call:
 
     async def _upload(self, data: list[Any]) -> list[Any]:
         """Local files among the inputs uploaded, their FileData pointing at the Space's
-        copy (gradio_client client.py ``Endpoint._upload_file``); URLs left as they are."""
+        copy (gradio_client client.py ``Endpoint._upload_file``); URLs and
+        :class:`SpaceFile` (a file on the Space, named by an untrusted caller) left as
+        they are: nothing but a trusted caller's own file is read from this host."""
         found: list[dict[str, Any]] = []
         utils.traverse(data, found.append, utils.is_file_obj_with_meta)
         uploaded: dict[int, str] = {}
         for item in found:
             path = item["path"]
+            if isinstance(item, SpaceFile):  # on the Space already: sent as it is
+                continue
             if not utils.is_http_url_like(path) and id(item) not in uploaded:
                 # Under the name the caller gave (file_arg(..., name=)): the app sees it.
                 uploaded[id(item)] = await self.session.space.upload(
