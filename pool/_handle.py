@@ -47,7 +47,7 @@ from ._exceptions import (
     PoolError,
     UnknownEndpoint,
 )
-from ._guard import check_outbound
+from ._guard import check_outbound_off_loop
 from .admission import Lease
 from .resilience import Outcome
 from .transport import Feed, UpstreamEvent
@@ -303,7 +303,11 @@ class PooledClient:
             # gradio_client's own parameters: fn_index would bypass the api_name check.
             raise InvalidRequest(f"reserved keyword(s) not allowed: {', '.join(sorted(reserved))}")
         if self._guard:
-            check_outbound(args, kwargs)
+            # Linear, but a 512 KiB argument still takes tens of ms: large payloads are
+            # checked in a worker thread, and the handle and lease are checked again after.
+            await check_outbound_off_loop(args, kwargs)
+            conn = self._live()
+            self._check_lease()
         if api_name is not None:
             names = conn.api_names()
             if api_name not in names:
