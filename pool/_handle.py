@@ -324,7 +324,7 @@ class PooledClient:
         """The outbound secret guard of this Space (as :meth:`submit` applies it) on
         a payload sent another way: the Gradio front's relayed events."""
         if self._guard:
-            check_outbound(tuple(data), {})
+            await check_outbound_off_loop(tuple(data), {})
 
     async def predict(
         self,
