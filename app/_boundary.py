@@ -10,7 +10,8 @@ here, so a rule cannot exist on one face only (docs/security.md):
   upload this service received (its opaque id, :data:`UPLOAD_PREFIX`), an http(s)
   URL where ``POOL_ALLOW_FILE_URLS`` allows it, or a Space's output file this
   service relayed to a caller, sent to the Space unchanged as a
-  :class:`pool.transport.SpaceFile`; anything else is a 422. Nothing is ever read
+  :class:`pool.transport.SpaceFile`; anything else is a 422
+  ``invalid_file_reference``. Nothing is ever read
   from this host's disk because a caller named it. A plain FileData dict is what
   ``handle_file`` makes for a *local* file: passed on as it came, the transport
   would upload whatever path a caller named (``/etc/hostname``,
@@ -32,6 +33,7 @@ from pool import InvalidRequest, file_arg, is_file_data
 from pool._files import files_in
 from pool.transport import SpaceFile, safe_name
 
+from ._errors import InvalidFileReference
 from ._files import TOKEN_SHAPE, FileStore
 
 MAX_DEPTH = 32
@@ -104,7 +106,7 @@ class Boundary:
 
     def values(self, value: Any, where: str) -> Any:
         """``value`` with each FileData an HTTP caller sent made safe to send;
-        InvalidRequest (422) for one that is none of the three kinds."""
+        InvalidFileReference (422) for one that is none of the three kinds."""
         return self._walk(value, where, 0)
 
     def _walk(self, value: Any, where: str, depth: int) -> Any:
@@ -124,19 +126,21 @@ class Boundary:
         if token is not None:
             local = self.store.local(token)
             if local is None:
-                raise InvalidRequest(f"{where}: no upload {path[:96]!r} here (unknown or expired)")
+                raise InvalidFileReference(
+                    f"{where}: no upload {path[:96]!r} here (unknown or expired)"
+                )
             file, name = local
             return file_arg(file, str(data.get("orig_name") or name))
         if gradio_utils.is_http_url_like(path):
             if not self.allow_urls:
-                raise InvalidRequest(
+                raise InvalidFileReference(
                     f"{where}: file URLs are not accepted here (POOL_ALLOW_FILE_URLS is off);"
                     " upload the file to this service first"
                 )
             return dict(data)  # the Space fetches it; nothing is read here
         if path in self._outputs:
             return SpaceFile(data)  # a Space's own output, named back: sent unchanged
-        raise InvalidRequest(
+        raise InvalidFileReference(
             f"{where}: a file input must be uploaded to this service first"
             " (or be a Space's output file this service gave you)"
         )

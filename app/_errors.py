@@ -70,6 +70,13 @@ class AuthError(ServiceError):
         self.code = code
 
 
+class InvalidFileReference(InvalidRequest):
+    """A file input from an HTTP caller that is not an upload of this service, an
+    allowed URL, or a Space's file (docs/security.md): 422 on both faces."""
+
+    kind = "invalid_file_reference"
+
+
 class JobNotFound(ServiceError):
     """No such job here (never created, expired, or created by another worker)."""
 
@@ -171,6 +178,9 @@ def describe(exc: BaseException) -> Problem:
     if isinstance(exc, UnknownSpace):
         body = {"error": "unknown_space", "message": str(exc), "available": exc.available}
         return Problem(422, body, "unknown_space")
+    if isinstance(exc, InvalidFileReference):
+        body = {"error": exc.kind, "message": str(exc)}
+        return Problem(422, body, exc.kind)
     if isinstance(exc, InvalidRequest):
         return Problem(422, {"error": "invalid_request", "message": str(exc)}, "invalid_request")
     if isinstance(exc, UpstreamError):

@@ -39,7 +39,7 @@ def service(
 ) -> Iterator[ServiceProcess]:
     folder = tmp_path_factory.mktemp("front-security")
     env = service_env(f"talker={talker.url}", folder,
-                      POOL_GRADIO_SESSION_IDLE_S=str(IDLE_S),
+                      POOL_GRADIO_SESSION_IDLE_S=str(IDLE_S), POOL_SECRET_GUARD="on",
                       POOL_GRADIO_MAX_SESSIONS_PER_USER=str(PER_USER))  # fmt: skip
     started = ServiceProcess(env, folder / "service.log")
     yield started
@@ -149,3 +149,26 @@ async def test_deep_json_is_refused_never_a_500(service: ServiceProcess) -> None
             got = await client.post(f"/gradio/talker/gradio_api/{path}", content=body,
                                     headers={"Content-Type": "application/json"})  # fmt: skip
             assert 400 <= got.status_code < 500, (path, got.status_code, got.text[:200])
+
+
+async def test_the_secret_guard_holds_on_the_front_in_bounded_time(
+    service: ServiceProcess,
+) -> None:
+    async with service.client() as client:
+        echo = await _fn(client, "echo")
+        secret = await client.post("/gradio/talker/gradio_api/queue/join", json={
+            "data": ["api_key=abcdefgh12345", 0], "fn_index": echo, "session_hash": "leaky"})
+        assert 400 <= secret.status_code < 500, secret.text
+        assert "abcdefgh12345" not in secret.text
+        rest = await client.post("/gradio/talker/gradio_api/call/echo",
+                                 json={"data": ["token=abcdefgh12345", 0]})  # fmt: skip
+        assert 400 <= rest.status_code < 500, rest.text
+        # The backtracking input of the finding, 512 KiB: answered at once, /healthz too.
+        started = time.monotonic()
+        big = await client.post("/gradio/talker/gradio_api/queue/join", json={
+            "data": ["token." * 87_000, 0], "fn_index": echo, "session_hash": "big"})
+        took = time.monotonic() - started
+        assert big.status_code < 500 and took < 5.0, (big.status_code, took)
+        health = time.monotonic()
+        assert (await client.get("/healthz")).status_code == 200
+        assert time.monotonic() - health < 1.0
