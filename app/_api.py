@@ -9,11 +9,11 @@ hashed user) for the one access-log line.
 
 from __future__ import annotations
 
-import hashlib
+import asyncio
 import json
 import logging
 import secrets
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable
 from typing import Any, cast
 
 from fastapi import APIRouter, Depends, Header, Request, Response
@@ -24,15 +24,24 @@ from pool import Pool, UnknownSpace, get_pool
 from . import _metrics
 from ._auth import require_admin_token, require_api_token
 from ._boundary import Boundary
-from ._errors import JobNotFound
+from ._errors import IdempotencyKeyInUse, JobNotFound
 from ._files import FileOutput, FileStore
-from ._idempotency import MAX_KEY_CHARS, reserve
+from ._idempotency import (
+    MAX_KEY_CHARS,
+    Held,
+    accept,
+    caller_of,
+    fingerprint_call,
+    release,
+    reserve,
+)
 from ._inputs import Call, identity_headers, read_call
 from ._jobs import JobRunner
 from ._logging import context_of
 from ._schemas import (
     ERROR_RESPONSES,
     FINAL_STAGES,
+    ErrorBody,
     JobCreated,
     JobView,
     PredictRequest,
@@ -190,11 +199,26 @@ async def predict(request: Request) -> PredictResponse | Response:
     )
 
 
+_JOB_ERRORS: dict[int | str, dict[str, Any]] = {
+    **_ERRORS,
+    409: {
+        "model": ErrorBody,
+        "description": "a request with this Idempotency-Key is still creating its job"
+        " (idempotency_key_in_use, Retry-After)",
+    },
+    422: {
+        **ERROR_RESPONSES[422],
+        "description": f"{ERROR_RESPONSES[422]['description']}; an Idempotency-Key sent"
+        " before with another body (idempotency_key_reused)",
+    },
+}
+
+
 @api.post(
     "/api/jobs",
     status_code=202,
     response_model=JobCreated,
-    responses=_ERRORS,
+    responses=_JOB_ERRORS,
     tags=["jobs"],
     openapi_extra=_BODY_DOC,
 )
@@ -205,8 +229,8 @@ async def create_job(
         default=None,
         min_length=1,
         max_length=MAX_KEY_CHARS,
-        description="a retry with the same key (and caller) within the retention time"
-        " returns the first request's job instead of starting another",
+        description="a retry with the same key (and caller) and the same body within the"
+        " retention time returns the first request's job instead of starting another",
     ),
 ) -> JobCreated:
     """Start a predict in the background; follow it with GET or its SSE events.
@@ -215,37 +239,65 @@ async def create_job(
     ``Idempotency-Key`` header, a retried submission gets the first one's job.
     """
     call = await _read(request)
+    runner = _runner(request)
     job_id = secrets.token_urlsafe(16)
-    stage: Stage = "queued"
     try:
-        first = await _idempotent(request, call.body, job_id, idempotency_key)
-        if first != job_id:  # a retry: the job of the first request with this key
-            call.cleanup()
-            response.headers["Idempotent-Replayed"] = "true"
-            known = await _runner(request).store.get(first)
-            job_id = first
-            stage = cast(Stage, known.stage) if known is not None else stage
-        else:
-            await _runner(request).submit(
-                call.body, call, file_output(request, call.body), job_id=job_id
-            )
+        held = await _reserve(request, call, job_id, idempotency_key)
     except BaseException:
         call.cleanup()
         raise
+    if held is not None and not held.mine:  # a retry: the job of the first request
+        call.cleanup()
+        known = await runner.store.get(held.job_id)
+        if known is None and not held.accepted:
+            raise IdempotencyKeyInUse(
+                "a request with this Idempotency-Key is still creating its job; retry in a moment"
+            )
+        response.headers["Idempotent-Replayed"] = "true"
+        stage = cast(Stage, known.stage) if known is not None else "queued"
+        return _created(response, held.job_id, stage)
+    try:
+        record = await runner.submit(
+            call.body, call, file_output(request, call.body), job_id=job_id
+        )
+    except BaseException:
+        call.cleanup()
+        if held is not None:  # refused: the key is not kept, a retry creates the job
+            await _settle(release(get_pool().coordinator.values, held), "release")
+        raise
+    if held is not None:
+        ttl = _settings(request).job_retention_s
+        await _settle(accept(get_pool().coordinator.values, held, ttl), "accept")
+    return _created(response, job_id, cast(Stage, record.stage))
+
+
+def _created(response: Response, job_id: str, stage: Stage) -> JobCreated:
     url = f"/api/jobs/{job_id}"
     response.headers["Location"] = url
     return JobCreated(job_id=job_id, stage=stage, url=url, events_url=f"{url}/events")
 
 
-async def _idempotent(request: Request, body: PredictRequest, job_id: str, key: str | None) -> str:
-    """The job id this submission stands for (``job_id`` unless its key was seen)."""
+async def _reserve(request: Request, call: Call, job_id: str, key: str | None) -> Held | None:
+    """The key's entry, reserved for ``job_id`` if the key is new (None without a key)."""
     if key is None:
-        return job_id
+        return None
     pool = get_pool()
-    token = hashlib.sha256(request.headers.get("authorization", "").encode()).hexdigest()
-    caller = f"{token}:{pool.hash_user(body.email) or ''}"
-    ttl = _settings(request).job_retention_s
-    return await reserve(pool.coordinator.values, caller, key, job_id, ttl)
+    caller = caller_of(request.headers.get("authorization", ""), pool.hash_user(call.body.email))
+    return await reserve(pool.coordinator.values, caller, key, job_id, await fingerprint_call(call))
+
+
+async def _settle(change: Awaitable[object], what: str) -> None:
+    """Finish a change of the key's entry, shielded from the request's cancellation.
+
+    A store that fails here only delays the key: an entry left ``creating`` expires
+    after ``CREATING_TTL_S``, and meanwhile a retry finds the job if it exists. The
+    request's own answer (its job, or the error that refused it) stands.
+    """
+    try:
+        if await asyncio.shield(change) is False:
+            _log.warning("Idempotency-Key reservation expired before its job was created")
+    except Exception as exc:
+        _log.warning("could not %s an Idempotency-Key (%s)", what, type(exc).__name__)
 
 
 @api.get("/api/jobs/{job_id}", response_model=JobView, responses=_ERRORS, tags=["jobs"])

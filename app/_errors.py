@@ -89,6 +89,14 @@ class UploadTooLarge(ServiceError):
     """The files of one request are larger than ``POOL_MAX_UPLOAD_BYTES``."""
 
 
+class IdempotencyKeyReused(ServiceError):
+    """The ``Idempotency-Key`` was first sent with another request (another body) (422)."""
+
+
+class IdempotencyKeyInUse(ServiceError):
+    """The request that first sent this ``Idempotency-Key`` is still creating its job (409)."""
+
+
 class JobsFull(ServiceError):
     """The job store holds ``POOL_JOB_MAX`` jobs that are all still running."""
 
@@ -197,6 +205,12 @@ def describe(exc: BaseException) -> Problem:
         return Problem(404, {"error": "file_not_found", "message": str(exc)}, "file_not_found")
     if isinstance(exc, UploadTooLarge):
         return Problem(413, {"error": "too_large", "message": str(exc)}, "too_large")
+    if isinstance(exc, IdempotencyKeyReused):
+        body = {"error": "idempotency_key_reused", "message": str(exc)}
+        return Problem(422, body, "idempotency_key_reused")
+    if isinstance(exc, IdempotencyKeyInUse):
+        body = {"error": "idempotency_key_in_use", "message": str(exc), "retry_after_s": 1}
+        return Problem(409, body, "idempotency_key_in_use", {"Retry-After": "1"})
     if isinstance(exc, JobsFull):
         retry = _retry_after(exc.retry_after_s)
         body = {
