@@ -16,7 +16,9 @@ fails its running events with an error message; the session is unpinned (its sta
 is lost, as on a restarted Space) and its next event is routed again, away from that
 Space. The session ends — its events cancelled, its slots freed, the upstream
 session's heartbeat closed (unload handlers run there) — when the client's heartbeat
-stream closes, or after ``idle_s`` without any request.
+stream closes, or after ``idle_s`` idle: no event being started, no stream or
+heartbeat open, whatever is still pending. A session belongs to the user of its
+first request; :class:`FrontSessions` caps how many are open (docs/security.md).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import contextlib
 import logging
 import time
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -128,15 +131,15 @@ class FrontSession:
     ) -> None:
         ticket = WaitTicket()
         announcer = asyncio.get_running_loop().create_task(self._announce(ticket, event_id))
-        self.starting += 1
-        starting = True
+        starting = contextlib.ExitStack()  # closed once the event is joined or failed
+        starting.enter_context(self._starting())
         try:
             async with self._admit(pool, event, ticket) as handle:
                 announcer.cancel()
                 call = await self._start(handle, event, event_id)
                 self.pending.add(event_id)
                 self.calls[event_id] = call
-                starting = self._started()
+                starting.close()
                 joined.set_result(event_id)
                 await asyncio.wait([call.result])
                 self._finished(handle, call, event_id)
@@ -147,16 +150,19 @@ class FrontSession:
                     return
             raise
         finally:
-            if starting:
-                self._started()
+            starting.close()
             announcer.cancel()
 
-    def _started(self) -> bool:
-        """An event left its start (joined upstream, or failed): idle time counts anew.
-        False (the event is not starting any more)."""
-        self.starting -= 1
-        self.touched = time.monotonic()
-        return False
+    @contextlib.contextmanager
+    def _starting(self) -> Iterator[None]:
+        """An event being admitted and joined: the session is not idle meanwhile; its
+        idle time counts anew once the event joined or failed."""
+        self.starting += 1
+        try:
+            yield
+        finally:
+            self.starting -= 1
+            self.touched = time.monotonic()
 
     async def _announce(self, ticket: WaitTicket, event_id: str) -> None:
         """While the event waits for admission, spacepool's queue position as the
