@@ -10,21 +10,24 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1
 
-# Hugging Face runs the container as uid 1000: build and run as that user.
+# Hugging Face runs the container as uid 1000. The code and the venv belong to root, in
+# directories the runtime user cannot write to (not under its home): a compromised
+# process cannot change what the next worker imports. Only the data dir is its own.
 RUN useradd --create-home --uid 1000 user
-USER user
 ENV HOME=/home/user \
-    VIRTUAL_ENV=/home/user/venv \
-    PATH=/home/user/venv/bin:/home/user/.local/bin:$PATH
-WORKDIR /home/user/app
+    VIRTUAL_ENV=/opt/venv \
+    PATH=/opt/venv/bin:$PATH
+WORKDIR /app
 
-RUN python -m venv /home/user/venv
-COPY --chown=user:user . /home/user/app
+RUN python -m venv /opt/venv
+COPY . /app
 # The project itself, without extras (gradio is only for tests).
-RUN pip install /home/user/app
+RUN pip install /app
 
-# Admission state shared by every worker in the container (several containers: redis://).
-RUN mkdir -p /tmp/spacepool
+# Admission state shared by every worker in the container (several containers: redis://);
+# output files go beside it (POOL_FILE_DIR's default, under the temp dir).
+RUN mkdir -p /tmp/spacepool && chown user:user /tmp/spacepool && chmod 700 /tmp/spacepool
+USER user
 ENV POOL_COORDINATOR_URL=sqlite:////tmp/spacepool/coordinator.db \
     GRADIO_ANALYTICS_ENABLED=False \
     HF_HUB_DISABLE_TELEMETRY=1 \

@@ -41,6 +41,7 @@ from pool import (
     UnknownEndpoint,
     UnknownSpace,
     UpstreamError,
+    UserLimitReached,
 )
 
 from ._logging import context_of
@@ -133,6 +134,15 @@ def describe(exc: BaseException) -> Problem:
             "message": str(exc),
         }
         return Problem(429, body, "quota_exceeded", {"Retry-After": str(retry)})
+    if isinstance(exc, UserLimitReached):  # one user's bound: too_many_sessions / _jobs
+        retry = _retry_after(exc.retry_after_s)
+        body = {
+            "error": exc.reason,
+            "limit": exc.limit,
+            "retry_after_s": retry,
+            "message": str(exc),
+        }
+        return Problem(429, body, exc.reason, {"Retry-After": str(retry)})
     if isinstance(exc, BusyError):
         retry = _retry_after(exc.retry_after_s)
         body = {

@@ -28,6 +28,14 @@ its wake deadline; ``space`` names it). A final stage is sticky: later updates a
 ignored, which settles a cancel racing a finish.
 
 With the in-process store a job is visible only in the worker that created it.
+
+**Per user.** One email (every anonymous caller together counting as one) has at most
+``POOL_MAX_QUEUED_JOBS_PER_USER`` jobs not yet final: the runner counts them in the
+coordinator's shared values (``jobs-held:<user>``, :mod:`pool._holdings`), so the bound
+holds exactly across every worker and host sharing it, whichever job store. Beyond it,
+``submit`` raises :class:`~pool.UserLimitReached` (429 ``too_many_jobs``) before the job
+is recorded. A job leaves the count when it ends on its worker; one whose worker died
+leaves it when its owner is next at the limit and its record is found final or gone.
 """
 
 from __future__ import annotations
@@ -35,6 +43,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import secrets
 import time
 from collections import OrderedDict, deque
@@ -44,12 +53,14 @@ from datetime import UTC, datetime
 from typing import Any, Protocol
 
 from pool import Partial, UpstreamEvent, WaitTicket, get_pool
+from pool._holdings import Holdings
+from pool.admission import SharedValues
 
 from ._errors import JobsFull, describe
 from ._files import FileOutput
 from ._inputs import Call
 from ._schemas import FINAL_STAGES, PredictRequest, to_jsonable
-from ._settings import ServiceSettings
+from ._settings import MAX_TIMEOUT_S, ServiceSettings
 from ._upstream import UpstreamView
 
 _log = logging.getLogger("spacepool.app")
@@ -57,6 +68,8 @@ _HISTORY = 32
 _QUEUE_POLL_S = 0.2
 _REMOTE_CANCEL_S = 0.8  # a DELETE waits this long for another worker to cancel its job
 _CANCELLED = {"error": "cancelled", "message": "cancelled"}
+_HELD = "jobs-held:"  # jobs-held:<user> → their jobs not yet final (pool/_holdings.py)
+_STARTING_S = 30.0  # a job counted but not in the store yet: being submitted
 
 
 def _iso(ts: float) -> str:
@@ -307,11 +320,20 @@ class JobRunner:
     """Starts, follows and cancels this worker's jobs."""
 
     def __init__(
-        self, store: JobStore, settings: ServiceSettings, owner: str | None = None
+        self,
+        store: JobStore,
+        settings: ServiceSettings,
+        owner: str | None = None,
+        values: Callable[[], SharedValues] | None = None,
     ) -> None:
         self.store = store
         self.settings = settings
         self.owner = owner  # this worker's id in a shared store's job mirrors
+        # Jobs per user, counted in ``values`` (the coordinator's); None: not bounded.
+        self.held = None if values is None else Holdings(
+            values, _HELD, what="jobs", ttl_s=2 * MAX_TIMEOUT_S, grace_s=_STARTING_S,
+            clock=time.time,
+        )  # fmt: skip
         self.on_start: Callable[[JobRecord, PredictRequest, Call], Awaitable[None]] | None = None
         self.on_end: Callable[[str], Awaitable[None]] | None = None
         self._tasks: dict[str, asyncio.Task[None]] = {}
@@ -337,7 +359,15 @@ class JobRunner:
             updated_at=now,
             owner=self.owner,
         )
-        await self.store.add(record)
+        user = get_pool().hash_user(body.email)
+        if self.held is not None:
+            limit = self.settings.max_queued_jobs_per_user
+            await self.held.take(user, record.job_id, limit, self._lasts)
+        try:
+            await self.store.add(record)
+        except BaseException:
+            await self._release(user, record.job_id)
+            raise
         if self.on_start is not None:
             await self.on_start(record, body, call)
         self.start(record.job_id, body, call, files)
@@ -352,6 +382,18 @@ class JobRunner:
         )
         self._tasks[job_id] = task
         task.add_done_callback(lambda _: self._tasks.pop(job_id, None))
+
+    async def _lasts(self, job_id: str) -> float | None:
+        """None when the job ended (final, or gone from the store); else unknown."""
+        record = await self.store.get(job_id)
+        return None if record is None or record.final else math.inf
+
+    async def _release(self, user: str | None, job_id: str) -> None:
+        """The job no longer counts for its user (a store outage: counted until found
+        ended, the next time the user is at the limit)."""
+        if self.held is not None:
+            with contextlib.suppress(Exception):
+                await self.held.drop(user, job_id)
 
     def running(self) -> list[str]:
         """The jobs whose task runs on this worker."""
@@ -417,6 +459,15 @@ class JobRunner:
             if self.on_end is not None:
                 with contextlib.suppress(Exception):
                     await asyncio.shield(self.on_end(job_id))
+            with contextlib.suppress(Exception):
+                await asyncio.shield(self._ended(job_id, body))
+
+    async def _ended(self, job_id: str, body: PredictRequest) -> None:
+        """The task ended: the job stops counting for its user once it is final (a
+        job another worker took over runs on there, and counts on)."""
+        record = await self.store.get(job_id)
+        if record is None or record.final:
+            await self._release(get_pool().hash_user(body.email), job_id)
 
     async def _run_call(
         self, job_id: str, body: PredictRequest, call: Call, files: FileOutput | None

@@ -10,6 +10,9 @@
 
 An unknown, expired, deleted or someone else's session is a 404 ``session_not_found``;
 a session whose Space restarted is a 410 ``session_lost`` (:mod:`pool._sessions`).
+One email (every anonymous caller together counting as one) holds at most
+``POOL_MAX_SESSIONS_PER_USER`` open sessions, fleet-wide: beyond, 429
+``too_many_sessions`` with ``Retry-After``.
 The record is in the coordinator, so any worker or host serves any turn. Same auth as
 ``/api/predict``.
 """
@@ -26,6 +29,7 @@ from pool import PoolSession, get_pool
 from ._auth import require_api_token
 from ._logging import context_of
 from ._schemas import EMAIL_PATTERN, ERROR_RESPONSES, SPACE_PATTERN
+from ._settings import ServiceSettings
 
 router = APIRouter(
     dependencies=[Depends(require_api_token)], tags=["sessions"], responses=ERROR_RESPONSES
@@ -66,7 +70,10 @@ async def open_session(body: SessionRequest, request: Request) -> SessionView:
     """Open a session on the caller's Space (or the one named)."""
     pool = get_pool()
     context_of(request).user = pool.hash_user(body.email) if body.email else None
-    session = await pool.open_session(body.email, body.space)
+    settings: ServiceSettings = request.app.state.settings
+    session = await pool.open_session(
+        body.email, body.space, limit=settings.max_sessions_per_user
+    )
     context_of(request).space = session.space
     return _view(session)
 

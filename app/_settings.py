@@ -46,6 +46,14 @@ class ServiceSettings(BaseSettings):
         default=3600.0, gt=0, description="finished jobs stay readable this long"
     )
     job_max: int = Field(default=10_000, ge=1, description="jobs kept at once (any stage)")
+    max_sessions_per_user: int = Field(
+        default=16, ge=1, description="open sessions (POST /api/sessions) of one email, every"
+        " anonymous caller together counting as one; over it: 429 too_many_sessions"
+    )
+    max_queued_jobs_per_user: int = Field(
+        default=32, ge=1, description="jobs of one email not yet final (queued, waking,"
+        " running), anonymous callers together as one; over it: 429 too_many_jobs"
+    )
     max_body_bytes: int = Field(default=1_048_576, ge=1024, description="largest request body")
     max_upload_bytes: int = Field(
         default=10 * 1024 * 1024, ge=1, description="files sent with one request, in all"

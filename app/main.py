@@ -41,6 +41,7 @@ from fastapi import FastAPI
 
 from pool import Pool, get_pool
 from pool._tasks import cancel_and_wait
+from pool.admission import SharedValues
 
 from . import _errors
 from ._api import router
@@ -143,10 +144,14 @@ def _job_runner(
 ) -> tuple[JobRunner, asyncio.Task[None]]:  # fmt: skip
     """The job runner; with a shared coordinator, jobs every worker reads, cancels and
     reclaims from a lost worker (app._reclaim), and the task that heartbeats for it."""
+    def values() -> SharedValues:  # where each user's jobs are counted (app/_jobs.py)
+        return pool.coordinator.values
+
     if pool.coordinator.store == "memory":
-        return JobRunner(local, settings), asyncio.get_running_loop().create_task(_idle())
-    store = SharedJobStore(local, lambda: pool.coordinator.values, settings.job_retention_s)
-    runner = JobRunner(store, settings, owner=store.worker)
+        runner = JobRunner(local, settings, values=values)
+        return runner, asyncio.get_running_loop().create_task(_idle())
+    store = SharedJobStore(local, values, settings.job_retention_s)
+    runner = JobRunner(store, settings, owner=store.worker, values=values)
 
     def files_for(body: PredictRequest) -> FileOutput:
         return FileOutput(files, body.files, settings.file_inline_max_bytes)

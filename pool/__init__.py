@@ -62,6 +62,7 @@ from ._exceptions import (
     UpstreamError,
     UpstreamFileError,
     UpstreamTransportError,
+    UserLimitReached,
 )
 from ._files import LocalFile, file_arg, is_file_data
 from ._guard import check_outbound
@@ -163,6 +164,7 @@ __all__ = [
     "UpstreamQueued",
     "UpstreamStarted",
     "UpstreamTransportError",
+    "UserLimitReached",
     "WaitTicket",
     "check_outbound",
     "file_arg",

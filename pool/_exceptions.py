@@ -11,9 +11,12 @@ gradio_client, httpx and huggingface_hub are mapped to it at the boundary
     │   ├── LeaseLost             the admission lease of a running request ended (not
     │   │                         renewed before its local expiry, or gone from the
     │   │                         store): the upstream job was cancelled (self-fencing)
-    │   └── QuotaExceeded         a ZeroGPU Space says the caller's GPU quota is spent
-    │                             (or no GPU is free for them): the user's, not the
-    │                             Space's; retry_after_s from the Space's message
+    │   ├── QuotaExceeded         a ZeroGPU Space says the caller's GPU quota is spent
+    │   │                         (or no GPU is free for them): the user's, not the
+    │   │                         Space's; retry_after_s from the Space's message
+    │   └── UserLimitReached      the user already holds as many open sessions (or jobs
+    │                             not yet final) as allowed; reason too_many_sessions /
+    │                             too_many_jobs, retry_after_s an estimate
     ├── NoHealthySpaceError       every candidate Space failed, is unhealthy, has its
     │                             breaker open, or did not wake up in time
     ├── DeadlineExceeded          the per-request deadline passed; the upstream job
@@ -103,6 +106,19 @@ class QuotaExceeded(BusyError):
 
     def __init__(self, message: str, *, retry_after_s: float, reason: str = "gpu_quota") -> None:
         super().__init__(message, queue_position=0, retry_after_s=retry_after_s, reason=reason)
+
+
+class UserLimitReached(BusyError):
+    """The user (an email's keyed hash; every anonymous caller together as one) already
+    holds ``limit`` of what they asked for: open sessions (``reason``
+    ``too_many_sessions``) or jobs not yet final (``too_many_jobs``). Nothing was
+    started; end one, or retry after ``retry_after_s`` (pool/_holdings.py)."""
+
+    kind = "user_limit"
+
+    def __init__(self, message: str, *, reason: str, limit: int, retry_after_s: float) -> None:
+        super().__init__(message, queue_position=0, retry_after_s=retry_after_s, reason=reason)
+        self.limit = limit
 
 
 class NoHealthySpaceError(PoolError):

@@ -9,8 +9,8 @@ request's deadline (``timeout=``) when it has one:
 2. wake — a Space with no live connection that the Hub reports asleep is woken and
    waited for within its wake deadline (no slot is held meanwhile);
 3. admit — the coordinator grants ``backend:global`` + ``space:<name>`` (whose limit
-   is the Space's adaptive window) + ``consumer:<hash>`` all at once, FIFO, within the
-   queue deadline;
+   is the Space's adaptive window) + ``consumer:<hash>`` (``consumer:anonymous`` for
+   every caller without an email) all at once, FIFO, within the queue deadline;
 4. check out — the Space's :class:`~pool._space_pool.SpacePool` hands over an
    exclusive connection, opening one if needed (lazy start, growth to the max);
 5. release — on every exit path one shielded task detaches the handle, returns (or
@@ -66,7 +66,7 @@ from ._failures import failure
 from ._handle import Partial, PooledClient
 from ._native import NativeFactory
 from ._request import Prediction, RequestPath
-from ._routing import Router, user_key
+from ._routing import ANONYMOUS, Router, user_key
 from ._scheduling import classed_ticket, queue_timeout_for
 from ._sessions import PoolSession, Sessions
 from ._settings import PoolSettings
@@ -232,9 +232,11 @@ class Pool:
         if self._coordinator is None:
             self._coordinator = open_coordinator(s.coordinator_url, lease_ttl_s=s.lease_ttl_s)
         coordinator = self._coordinator
-        await coordinator.set_limits(
-            {GLOBAL_RESOURCE: s.global_max_concurrent, CONSUMER_PREFIX: s.consumer_max_concurrent}
-        )
+        await coordinator.set_limits({
+            GLOBAL_RESOURCE: s.global_max_concurrent,
+            CONSUMER_PREFIX: s.consumer_max_concurrent,
+            CONSUMER_PREFIX + ANONYMOUS: s.anonymous_limit,  # every anonymous caller: one
+        })  # fmt: skip
         ceiling = min(s.max_connections, self.resource_cap.cap, s.window_max)
         params = HealthParams(
             initial=s.window_initial,
@@ -481,10 +483,14 @@ class Pool:
             headers=headers, on_event=on_event, session=session, priority=priority,
         )  # fmt: skip
 
-    async def open_session(self, email: str | None, space: str | None = None) -> PoolSession:
+    async def open_session(
+        self, email: str | None, space: str | None = None, *, limit: int | None = None
+    ) -> PoolSession:
         """A conversation: calls with ``session=`` share one Space and its ``gr.State``
-        (:mod:`pool._sessions`); it expires after ``POOL_SESSION_IDLE_S`` without a call."""
-        return await self.sessions.open(email, space)
+        (:mod:`pool._sessions`); it expires after ``POOL_SESSION_IDLE_S`` without a call.
+        ``limit``: the sessions one user may hold open (anonymous callers: one user);
+        :class:`~pool.UserLimitReached` at it."""
+        return await self.sessions.open(email, space, limit=limit)
 
     async def _admit_and_checkout(
         self,
@@ -547,9 +553,11 @@ class Pool:
             ticket=ticket,
             give_up_at=by,
         )
-        resources = [GLOBAL_RESOURCE, SPACE_PREFIX + sp.name]
-        if user is not None:
-            resources.append(CONSUMER_PREFIX + user)
+        # Anonymous callers share one consumer (issue 28): however many they are, they
+        # hold at most POOL_ANONYMOUS_MAX_CONCURRENT slots, and a named user's request is
+        # never queued behind theirs (a waiter held back by its consumer holds no place).
+        consumer = CONSUMER_PREFIX + (user or ANONYMOUS)
+        resources = [GLOBAL_RESOURCE, SPACE_PREFIX + sp.name, consumer]
         waited_from = self.clock.now()
         limit = queue_by if by is None else min(queue_by, by)
         try:

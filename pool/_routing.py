@@ -19,6 +19,11 @@ from cachetools import TTLCache
 from ._clock import SYSTEM_CLOCK
 from ._exceptions import NoHealthySpaceError
 
+ANONYMOUS = "anonymous"
+"""The user every caller without an email counts as where one is needed: admission's
+``consumer:anonymous`` (``POOL_ANONYMOUS_MAX_CONCURRENT``) and the per-user bounds of
+pool/_holdings.py. No keyed hash (16 hex digits) can be it."""
+
 
 def user_key(secret: bytes, email: str) -> str:
     """The keyed hash that stands for an email everywhere (16 hex chars)."""

@@ -23,6 +23,14 @@ A Space that restarted has lost every session: each call first asks the Space fo
 ``app_id`` (``gradio_api/app_id``, a few bytes); one that differs from the session's
 is :class:`SessionLost` and the session is deleted — never a fresh state in silence.
 
+How many sessions one user holds open is counted fleet-wide (pool/_holdings.py,
+``sessions-held:<user>``, every anonymous caller together as one user): ``open`` with a
+``limit`` refuses a user at it with :class:`~pool.UserLimitReached`
+(``too_many_sessions``, ``retry_after_s`` until the first of theirs expires unused).
+A session leaves the count when it is closed or lost, or, having expired, when the user
+is next at the limit; a session in use re-writes the count at least once per
+``POOL_SESSION_IDLE_S`` (``indexed``), so the count never expires before it does.
+
 A replicated Space keeps a session on one replica through cookies
 (pool/transport/_affinity.py): the session's first request (that ``app_id`` question,
 when it is opened) reaches some replica, whose cookies the record keeps (``replica``),
@@ -34,8 +42,10 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import hashlib
 import json
+import math
 import secrets
 import uuid
 from dataclasses import dataclass
@@ -45,6 +55,7 @@ import httpx
 
 from ._connection import Connection
 from ._exceptions import InvalidRequest, SessionLost, SessionNotFound, UnknownSpace
+from ._holdings import Holdings
 from ._native import NativeClient
 from ._space_pool import SpacePool
 from .transport import Affinity
@@ -53,6 +64,8 @@ if TYPE_CHECKING:
     from ._pool import Pool
 
 _PREFIX = "session:"
+_HELD = "sessions-held:"  # sessions-held:<user> → the keys of their open sessions
+_OPENING_S = 120.0  # a session is being opened this long at most (connect, app_id)
 
 
 @dataclass(frozen=True)
@@ -78,11 +91,13 @@ class SessionRecord:
     app_id: Any
     used: float  # wall clock of the last call (or the opening)
     replica: tuple[tuple[str, str, str, str], ...] = ()  # the replica's cookies (Affinity)
+    indexed: float = 0.0  # wall clock when the owner's count was last re-written for it
 
     def dumps(self) -> str:
         return json.dumps({"space": self.space, "upstream": self.upstream,
                            "owner": self.owner, "app_id": self.app_id,
-                           "used": self.used, "replica": self.replica})  # fmt: skip
+                           "used": self.used, "replica": self.replica,
+                           "indexed": self.indexed})  # fmt: skip
 
     def renewed(self, used: float) -> SessionRecord:
         return dataclasses.replace(self, used=used)
@@ -107,13 +122,49 @@ class Sessions:
     def idle_s(self) -> float:
         return self._pool.settings.session_idle_s
 
-    async def open(self, email: str | None, space: str | None = None) -> PoolSession:
+    @functools.cached_property
+    def held(self) -> Holdings:
+        """The sessions each user holds open, fleet-wide (see the module docstring)."""
+        pool = self._pool
+        return Holdings(
+            lambda: pool.coordinator.values, _HELD, what="sessions",
+            ttl_s=4 * self.idle_s, grace_s=_OPENING_S, clock=pool.clock.wall,
+        )  # fmt: skip
+
+    async def open(
+        self, email: str | None, space: str | None = None, *, limit: int | None = None
+    ) -> PoolSession:
         """A new session for ``email`` (None: anonymous) on ``space`` or on the Space
         the caller is routed to (their pin, else round-robin / least loaded). The
-        Space is connected to (no admission slot) to learn its ``app_id``."""
+        Space is connected to (no admission slot) to learn its ``app_id``. ``limit``:
+        the sessions one user may hold open (every anonymous caller together counting
+        as one); at it, :class:`~pool.UserLimitReached` before anything is connected."""
         pool = self._pool
         await pool.start()
         user = pool.hash_user(email)
+        session_id = secrets.token_urlsafe(24)
+        key = _key(session_id)
+        await self.held.take(user, key, limit, self._lasts)
+        try:
+            return await self._open(user, space, session_id)
+        except BaseException:
+            with contextlib.suppress(Exception):
+                await self.held.drop(user, key)
+            raise
+
+    async def _lasts(self, key: str) -> float | None:
+        """How long the session under ``key`` lasts at most unused; None: it ended."""
+        raw = await self._pool.coordinator.values.get(key)
+        if raw is None:
+            return None
+        try:
+            used = float(json.loads(raw)["used"])
+        except (ValueError, KeyError, TypeError):
+            return math.inf
+        return used + self.idle_s - self._pool.clock.wall()
+
+    async def _open(self, user: str | None, space: str | None, session_id: str) -> PoolSession:
+        pool = self._pool
         if space is None:
             usable = [n for n, sp in pool.spaces.items()
                       if sp.is_up() and pool.board.get(n).admits()]  # fmt: skip
@@ -128,10 +179,9 @@ class Sessions:
             app_id = await self._current_app_id(sp, conn, affinity, first=True)
         finally:
             sp.checkin(conn, discard=False)
-        session_id = secrets.token_urlsafe(24)
         now = pool.clock.wall()
         record = SessionRecord(_key(session_id), space, uuid.uuid4().hex, user, app_id, now,
-                               tuple(affinity.saved()))  # fmt: skip
+                               tuple(affinity.saved()), indexed=now)  # fmt: skip
         await pool.coordinator.values.put(record.key, record.dumps(), self.idle_s)
         return PoolSession(session_id, space, now + self.idle_s)
 
@@ -146,7 +196,8 @@ class Sessions:
             data = json.loads(raw)
             record = SessionRecord(key, str(data["space"]), str(data["upstream"]),
                                    data["owner"], data["app_id"], float(data["used"]),
-                                   _cookies(data.get("replica", ())))  # fmt: skip
+                                   _cookies(data.get("replica", ())),
+                                   float(data.get("indexed", 0.0)))  # fmt: skip
         except (ValueError, KeyError, TypeError):
             raise missing from None
         if record.owner != self._pool.hash_user(email) or record.space not in self._pool.spaces:
@@ -168,6 +219,7 @@ class Sessions:
         await self._pool.start()
         record = await self._load(session, email)
         await self._pool.coordinator.values.delete(record.key)
+        await self.held.drop(record.owner, record.key)
 
     async def resolve(
         self, session: str | PoolSession, email: str | None, space: str | None
@@ -178,7 +230,11 @@ class Sessions:
             raise InvalidRequest(
                 f"the session is on Space {record.space!r}, not {space!r}: leave space out"
             )
-        renewed = record.renewed(self._pool.clock.wall())
+        now = self._pool.clock.wall()
+        renewed = record.renewed(now)
+        if now - record.indexed >= self.idle_s:  # the owner's count outlives the session
+            await self.held.keep(record.owner, record.key)
+            renewed = dataclasses.replace(renewed, indexed=now)
         await self._pool.coordinator.values.put(renewed.key, renewed.dumps(), self.idle_s)
         return renewed
 
@@ -189,6 +245,7 @@ class Sessions:
         if await self._current_app_id(sp, conn, affinity) != record.app_id:
             with contextlib.suppress(Exception):
                 await self._pool.coordinator.values.delete(record.key)
+                await self.held.drop(record.owner, record.key)
             raise SessionLost(
                 f"Space {sp.name!r} restarted since the session was opened: its state is"
                 " gone; open a new session"

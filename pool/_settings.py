@@ -41,6 +41,12 @@ class PoolSettings(BaseSettings):
     assignment_ttl_s: float = Field(default=3600.0, gt=0)
     global_max_concurrent: int = Field(default=16, ge=1)
     consumer_max_concurrent: int = Field(default=2, ge=1)
+    anonymous_max_concurrent: int | None = Field(
+        default=None,
+        ge=1,
+        description="the one per-user cap every caller without an email shares; unset:"
+        " POOL_CONSUMER_MAX_CONCURRENT",
+    )
     coordinator_url: str = Field(default_factory=_default_coordinator_url)
     lease_ttl_s: float = Field(default=15.0, gt=0, description="admission lease, renewed")
     connect_timeout_s: float = Field(default=10.0, gt=0)
@@ -91,6 +97,13 @@ class PoolSettings(BaseSettings):
         if self.min_connections > self.max_connections:
             raise ValueError("POOL_MIN_CONNECTIONS must not exceed POOL_MAX_CONNECTIONS")
         return self
+
+    @property
+    def anonymous_limit(self) -> int:
+        """The concurrent predicts of every anonymous caller together (one consumer)."""
+        if self.anonymous_max_concurrent is None:
+            return self.consumer_max_concurrent
+        return self.anonymous_max_concurrent
 
     def pause_names(self) -> frozenset[str]:
         return frozenset(n.strip() for n in self.pause_spaces.split(",") if n.strip())

@@ -191,6 +191,7 @@ class Stats:
                 "globalInUse": snap.held.get(GLOBAL_RESOURCE, 0) if snap else 0,
                 "globalLimit": s.global_max_concurrent,
                 "consumerLimit": s.consumer_max_concurrent,
+                "anonymousLimit": s.anonymous_limit,
                 "waitMs": _percentiles(self._waits),
             },
         }

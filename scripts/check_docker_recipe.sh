@@ -73,7 +73,7 @@ pip_install() {
     "$WORK/venv/bin/python" -m pip install -q --disable-pip-version-check "$@" \
         >>"$WORK/pip.log" 2>&1 || { tail -30 "$WORK/pip.log" >&2; echo "FAIL: pip install $*" >&2; exit 1; }
 }
-# The image runs `pip install /home/user/app` against the index. Here the resolved
+# The image runs `pip install /app` against the index. Here the resolved
 # wheels are kept in a wheelhouse keyed by pyproject.toml (this machine's pip does not
 # cache downloads), so later runs install the same set offline in seconds.
 KEY="$(sha256sum "$ROOT/pyproject.toml" | cut -c1-16)"

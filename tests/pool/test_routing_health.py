@@ -48,7 +48,8 @@ async def test_anonymous_requests_go_to_the_least_loaded_space(
     clean_fleet: SpaceFleet, make_pool: PoolMaker
 ) -> None:
     """An anonymous request avoids the Space that is busy."""
-    pool = make_pool(clean_fleet)
+    # The holders and the request are all anonymous: one consumer, 3 slots at once.
+    pool = make_pool(clean_fleet, anonymous_max_concurrent=3)
     for busy, expected in (("alpha", "beta"), ("beta", "alpha")):
         gate = asyncio.Event()
 

@@ -34,10 +34,13 @@ def url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
 
 
 def sched_pool(make_pool: PoolMaker, fleet: SpaceFleet, url: str, **kw: object) -> Pool:
-    """A pool whose per-Space window stays at 4 (no growth during a test)."""
+    """A pool whose per-Space window stays at 4 (no growth during a test). Its requests
+    are anonymous, one consumer (issue 28), whose cap is set out of the way here: these
+    tests are about the shared resources."""
     settings: dict[str, object] = {
         "coordinator_url": url, "global_max_concurrent": 8, "window_initial": 4,
         "window_grow_after": 1000, "queue_timeout_s": 30.0, "lease_ttl_s": 5.0,
+        "anonymous_max_concurrent": 1000,
     }  # fmt: skip
     settings.update(kw)
     return make_pool(fleet, **settings)

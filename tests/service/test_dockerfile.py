@@ -30,7 +30,7 @@ def instructions() -> list[tuple[str, str]]:
 
 
 def test_base_image_user_and_workdir_are_what_hugging_face_expects() -> None:
-    """python:3.11-slim, a user with uid 1000 that runs the app, WORKDIR /home/user/app."""
+    """python:3.11-slim, a user with uid 1000 that runs the app, WORKDIR /app (the code)."""
     steps = instructions()
     assert steps[0] == ("FROM", "python:3.11-slim")
     useradd = [args for word, args in steps if word == "RUN" and "useradd" in args]
@@ -40,7 +40,7 @@ def test_base_image_user_and_workdir_are_what_hugging_face_expects() -> None:
     cmd_index = next(i for i, (word, _) in enumerate(steps) if word == "CMD")
     user_index = max(i for i, (word, _) in enumerate(steps) if word == "USER")
     assert user_index < cmd_index
-    assert ("WORKDIR", "/home/user/app") in steps
+    assert ("WORKDIR", "/app") in steps
 
 
 def test_port_healthcheck_command_and_coordinator() -> None:
@@ -58,11 +58,75 @@ def test_port_healthcheck_command_and_coordinator() -> None:
     assert "POOL_COORDINATOR_URL=sqlite:////tmp/spacepool/coordinator.db" in env
 
 
+ROOT_USERS = ("root", "0", "root:root", "0:0")
+
+
+def _under(path: str, folder: str) -> bool:
+    path, folder = path.rstrip("/") or "/", folder.rstrip("/") or "/"
+    return path == folder or path.startswith(folder + "/")
+
+
+def _targets(command: str, tool: str) -> list[str]:
+    """The paths each ``chown``/``chmod`` in a RUN command changes (its last words)."""
+    found = []
+    for part in re.split(r"&&|\|\||;|\|", command):
+        words = part.split()
+        if words and words[0] == tool:
+            operands = [w for w in words[1:] if not w.startswith("-")]
+            found += operands[1:]  # the owner or mode first, then the paths
+    return found
+
+
+def test_the_code_belongs_to_root_and_the_runtime_user_writes_only_its_data() -> None:
+    """Issue 28, finding 10: the app's code and its venv are copied and installed as
+    root, into directories the runtime user cannot write to (not its home, not the temp
+    dir), and no chown/chmod hands them over; only the data dir becomes the user's."""
+    steps = instructions()
+    user = "root"
+    as_root: list[tuple[str, str]] = []  # the steps that put code in place
+    code: list[str] = []  # where the code lives
+    writable = ["/tmp", "/var/tmp", "/dev/shm"]  # for every user
+    for word, args in steps:
+        if word == "USER":
+            user = args
+        elif word in ("COPY", "ADD"):
+            flags = [a for a in args.split() if a.startswith("--")]
+            for flag in flags:
+                if flag.startswith("--chown="):
+                    assert flag.split("=", 1)[1] in ROOT_USERS, f"{word} {args}: not root's"
+                assert not flag.startswith("--chmod="), f"{word} {args}: mode set by hand"
+            code.append(args.split()[-1])
+            as_root.append((word, args))
+        elif word == "WORKDIR":
+            code.append(args)
+        elif word == "ENV":
+            code += re.findall(r"\bVIRTUAL_ENV=(\S+)", args)
+        elif word == "RUN":
+            if re.search(r"\bpip install\b|-m venv\b", args):
+                as_root.append((word, args))
+                if "-m venv" in args:
+                    code.append(args.split("-m venv", 1)[1].split()[0])
+            writable += _targets(args, "chown")
+            for target in _targets(args, "chmod"):
+                assert not any(_under(target, c) or _under(c, target) for c in code), args
+            home = re.search(r"useradd .*--create-home.* (\S+)$", args)
+            if home:
+                writable.append(f"/home/{home.group(1)}")
+        if (word, args) in as_root:
+            assert user in ROOT_USERS, f"{word} {args}: runs as {user}, not root"
+    assert user not in ROOT_USERS, "the runtime user is root"
+    assert code and as_root
+    for place in code:
+        owned = [w for w in writable if _under(place, w) or _under(w, place)]
+        assert not owned, f"code in {place}: the runtime user can write to {owned}"
+    assert "/tmp/spacepool" in writable  # the coordinator's file and output files
+
+
 def test_the_image_installs_the_project_without_gradio_or_test_extras() -> None:
     """pip installs the project itself; no gradio (only gradio_client), no [test] extra."""
     runs = [args for word, args in instructions() if word == "RUN"]
     installs = [args for args in runs if "pip install" in args]
-    assert any(re.search(r"pip install (\S+ )*/home/user/app\b", args) for args in installs)
+    assert any(re.search(r"pip install (\S+ )*/app\b", args) for args in installs)
     for args in runs:
         assert not re.search(r"\bgradio\b(?!_client)", args), args
         assert "[test]" not in args
