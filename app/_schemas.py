@@ -34,7 +34,11 @@ RESERVED_KWARGS = frozenset({"api_name", "fn_index", "headers", "result_callback
 
 API_NAME_PATTERN = r"^/?[A-Za-z_][A-Za-z0-9_.-]{0,127}$"
 SPACE_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$"
-EMAIL_PATTERN = r"^[^@\s]{1,64}@[^@\s]{1,189}$"
+# No "@", whitespace or control character: written out, not as \s, which the JSON
+# schema's (ECMA) and the validator's (Rust regex, Unicode White_Space) engines read
+# differently (U+0085 is whitespace to one only: schemathesis found it).
+_NOT_IN_EMAIL = r"@\x00-\x20\x7f-\xa0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000"
+EMAIL_PATTERN = rf"^[^{_NOT_IN_EMAIL}]{{1,64}}@[^{_NOT_IN_EMAIL}]{{1,189}}$"
 KWARG_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]{0,63}$"
 _RESERVED: list[JsonValue] = [*sorted(RESERVED_KWARGS)]
 _KWARG_NAMES_SCHEMA: JsonDict = {
