@@ -247,7 +247,9 @@ class _Files:
         self._count += 1
         own = self.folder / str(self._count)
         own.mkdir(mode=0o700)
-        return own / name
+        target = own / name
+        target.touch(mode=0o600)  # private from its first byte (0600 in a 0700 folder)
+        return target
 
     def _count_bytes(self, size: int) -> None:
         self.total += size
