@@ -27,7 +27,7 @@ from typing import Any
 
 from .transport import Call
 
-_log = logging.getLogger("pool")
+_log = logging.getLogger("spacepool")
 
 ATTEMPT_S = 0.75  # one POST cancel at most this long
 BACKOFF_FIRST_S = 0.05

@@ -133,7 +133,7 @@ class Connection:
 
 
 def quiet_gradio_env() -> None:
-    """No telemetry, no implicit token (GRADIO_FACTS.md)."""
+    """No telemetry, no implicit token (docs/hub.md, "Private Spaces": we send ours)."""
     os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
     os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
     os.environ.setdefault("HF_HUB_DISABLE_IMPLICIT_TOKEN", "1")

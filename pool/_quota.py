@@ -3,7 +3,7 @@
 A ZeroGPU Space charges GPU time to the identity on the request (the caller's
 ``x-ip-token``). When that identity's quota is spent, the Space answers with an
 ordinary app error (``gr.Error``) whose message is one of (the ``spaces`` package,
-``spaces/zero/client.py``; GRADIO_FACTS.md "Hub behaviours"):
+``spaces/zero/client.py``; docs/hub.md "ZeroGPU: identity and quota"):
 
 * ``You have exceeded your GPU quota (60s requested vs. 12s left). Try again in 2:05:11``
 * ``You have exceeded your free GPU quota (...). Try again in 0:00:42`` (unlogged users)

@@ -154,7 +154,7 @@ class SpacePool:
             return
         if getattr(conn.client, "stream_open", False):
             # The result stream of the last session is still closing; a new session's
-            # jobs would get no reader until it does (GRADIO_FACTS.md). Settle first.
+            # jobs would get no reader until it does (docs/gradio-protocol.md §4). Settle first.
             self._settling += 1
             conn.state = ConnState.CLOSED  # not handed out while settling
             self._spawn(self._settle(conn))

@@ -64,7 +64,7 @@ from ._protocol import AdmissionSnapshot, Lease, StoreUnavailable, WaitTicket, n
 from ._rule import INTERACTIVE, bottleneck_capacity, estimate_wait_s, limit_lookup
 from ._values import GuardedValues, SharedValues
 
-_log = logging.getLogger("pool.admission")
+_log = logging.getLogger("spacepool.admission")
 
 T = TypeVar("T")
 

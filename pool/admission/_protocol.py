@@ -22,7 +22,7 @@ from .._exceptions import LeaseLost, MisuseError
 if TYPE_CHECKING:
     from ._values import SharedValues
 
-_log = logging.getLogger("pool.admission")
+_log = logging.getLogger("spacepool.admission")
 
 
 @dataclass

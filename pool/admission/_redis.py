@@ -103,7 +103,7 @@ from ._redis_values import UNREACHABLE as _UNREACHABLE
 from ._redis_values import RedisValues
 from ._rule import INTERACTIVE, RANK
 
-_log = logging.getLogger("pool.admission")
+_log = logging.getLogger("spacepool.admission")
 
 # "gone" is last on purpose: other keys may be added before it (KEYS[10] in the script).
 _KEYS = ("meta", "limits", "held", "queue", "waiters", "wexp", "leases", "lexp", "lanes", "gone")

@@ -111,7 +111,7 @@ from ._sqlite_values import SCHEMA as VALUES_SCHEMA
 from ._sqlite_values import SQLiteValues
 
 T = TypeVar("T")
-_log = logging.getLogger("pool.admission")
+_log = logging.getLogger("spacepool.admission")
 
 _SAFETY_PASS_S = 1.0  # a poll runs a full write pass at least this often
 _BATCH = 64  # at most this many store calls share one transaction
