@@ -542,8 +542,8 @@ class JobRunner:
             )
 
     async def _follow_queue(self, job_id: str, ticket: WaitTicket) -> None:
-        """Until admitted: copy the ticket's stage (queued or waking), Space, position
-        and estimate into the job."""
+        """Until admitted (this task is cancelled then): copy the ticket's stage (queued
+        or waking), Space, position and estimate into the job at each of its changes."""
         seen: tuple[str, int, int] | None = None
         stage = "queued"
         while True:
@@ -562,4 +562,4 @@ class JobRunner:
                 if record is None or record.stage not in ("queued", "waking"):
                     return  # admitted (running) or gone: nothing more to follow
                 stage = record.stage
-            await asyncio.sleep(_QUEUE_POLL_S)
+            await ticket.changed()

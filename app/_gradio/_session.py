@@ -168,9 +168,9 @@ class FrontSession:
         """While the event waits for admission, spacepool's queue position as the
         Space's own ``estimation`` message (clients keep messages of an event id they
         do not know yet: gradio_client ``stream_messages``, @gradio/client
-        ``pending_stream_messages``). The ticket has no change signal: looked at
-        every ``_ANNOUNCE_S``."""
-        await asyncio.sleep(_ANNOUNCE_S)  # admitted at once: nothing to say
+        ``pending_stream_messages``), at each change of the ticket. An event admitted
+        within ``_ANNOUNCE_S`` says nothing (this task is cancelled on admission)."""
+        await asyncio.sleep(_ANNOUNCE_S)
         last = None
         while True:
             now = (ticket.position, round(ticket.estimate_s, 1))
@@ -179,7 +179,7 @@ class FrontSession:
                                         "rank": now[0], "queue_size": now[0] + 1,
                                         "rank_eta": now[1]})  # fmt: skip
                 last = now
-            await asyncio.sleep(_ANNOUNCE_S)
+            await ticket.changed()
 
     @contextlib.asynccontextmanager
     async def _admit(self, pool: Pool, event: EventRequest, ticket: WaitTicket) -> Any:

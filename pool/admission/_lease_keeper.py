@@ -352,9 +352,9 @@ class SharedCoordinator:
         for key, position in view.positions.items():
             waiter = self._waiters.get(key)
             if waiter is not None:
-                waiter.ticket.position = position
                 capacity = bottleneck_capacity(waiter.resources, limit_of)
-                waiter.ticket.estimate_s = estimate_wait_s(position, capacity, self._mean_hold_s)
+                estimate = estimate_wait_s(position, capacity, self._mean_hold_s)
+                waiter.ticket.update(position=position, estimate_s=estimate)
 
     def _resolve(self, ids: Iterable[str]) -> None:
         """Hand each granted waiter its lease; ids we no longer wait for are ignored."""

@@ -180,9 +180,9 @@ class MemoryCoordinator:
         entries = [w.entry(k, now) for k, w in self._waiters.items()]
         for key, position in queue_positions(entries, self._held, limit_of, self._waiters).items():
             waiter = self._waiters[key]
-            waiter.ticket.position = position
             capacity = bottleneck_capacity(waiter.resources, limit_of)
-            waiter.ticket.estimate_s = estimate_wait_s(position, capacity, self._mean_hold_s)
+            estimate = estimate_wait_s(position, capacity, self._mean_hold_s)
+            waiter.ticket.update(position=position, estimate_s=estimate)
 
     def _set_newcomer_ticket(self, waiter: _Waiter) -> None:
         """The ticket of the waiter that arrived last, in O(lanes)."""
@@ -190,9 +190,9 @@ class MemoryCoordinator:
         sizes = [(lane, rank, len(ws) - (ws is self._lanes[waiter.lane]))
                  for (lane, rank), ws in self._lanes.items()]  # fmt: skip
         position = newcomer_position(sizes, *waiter.lane, self._held, limit_of)
-        waiter.ticket.position = position
         capacity = bottleneck_capacity(waiter.resources, limit_of)
-        waiter.ticket.estimate_s = estimate_wait_s(position, capacity, self._mean_hold_s)
+        estimate = estimate_wait_s(position, capacity, self._mean_hold_s)
+        waiter.ticket.update(position=position, estimate_s=estimate)
 
     def _position(self, key: str) -> int:
         now = time.monotonic()

@@ -9,6 +9,7 @@ own protocol (:class:`~pool.admission._values.SharedValues`).
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import math
 import time
@@ -27,7 +28,11 @@ _log = logging.getLogger("spacepool.admission")
 
 @dataclass
 class WaitTicket:
-    """Live view of one waiter, updated by the store while it waits."""
+    """Live view of one waiter, updated by the store while it waits.
+
+    Its writers change it through :meth:`update`; a reader awaits :meth:`changed`
+    instead of looking at it on a timer.
+    """
 
     position: int = 0
     estimate_s: float = 0.0
@@ -38,6 +43,25 @@ class WaitTicket:
     # ranks as interactive once it has waited ``ages_after_s``.
     priority: str = "interactive"
     ages_after_s: float = 60.0
+    _changed: asyncio.Event | None = field(default=None, repr=False, compare=False)
+
+    def update(self, **changes: object) -> None:
+        """Set fields (``position``, ``estimate_s``, ``stage``, ``space``); wakes the
+        readers waiting in :meth:`changed` when any value differs."""
+        differ = False
+        for name, value in changes.items():
+            if getattr(self, name) != value:
+                setattr(self, name, value)
+                differ = True
+        if differ and self._changed is not None:
+            self._changed.set()
+            self._changed = None
+
+    async def changed(self) -> None:
+        """Return at the ticket's next change (of any field set by :meth:`update`)."""
+        if self._changed is None:
+            self._changed = asyncio.Event()
+        await self._changed.wait()
 
 
 class Lease:

@@ -166,7 +166,7 @@ class Waker:
             except Exception as exc:
                 _log.warning("space %s: wake request failed (%s)", name, type(exc).__name__)
         if ticket is not None:
-            ticket.stage, ticket.space = "waking", name
+            ticket.update(stage="waking", space=name)
         try:
             while self.board.now() < health.wake_until:
                 if await probe():
@@ -197,7 +197,7 @@ class Waker:
             )
         finally:
             if ticket is not None and ticket.stage == "waking":
-                ticket.stage = "queued"
+                ticket.update(stage="queued")
 
     # -- idle pause ---------------------------------------------------------------------------
     async def maybe_pause(

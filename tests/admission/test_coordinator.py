@@ -266,6 +266,32 @@ async def test_wait_ticket_reports_position_and_estimate(coord: Coordinator) -> 
     await coord.release(holder)
 
 
+async def test_a_wait_ticket_signals_its_changes(coord: Coordinator) -> None:
+    """A reader awaiting ``changed()`` wakes when the store moves the waiter up (no
+    polling); a ticket set to what it already holds wakes nobody."""
+    await coord.set_limits({GLOBAL: 1})
+    holder = await coord.acquire([GLOBAL], timeout=1)
+    first, _ = await queue(coord, [GLOBAL])
+    second, t2 = await queue(coord, [GLOBAL])
+    assert t2.position == 2
+    moved = asyncio.create_task(t2.changed())
+    await asyncio.sleep(0.05)
+    assert not moved.done()
+    first.cancel()  # the waiter ahead leaves: the second is next
+    async with asyncio.timeout(10):
+        await moved
+        while t2.position != 1:  # a store may announce it in more than one change
+            await t2.changed()
+    same = asyncio.create_task(t2.changed())
+    t2.update(position=t2.position)
+    await asyncio.sleep(0.05)
+    assert not same.done()
+    same.cancel()
+    second.cancel()
+    await asyncio.gather(first, second, same, return_exceptions=True)
+    await coord.release(holder)
+
+
 def test_a_waiter_blocked_by_its_space_takes_no_global_place() -> None:
     """plan_grants: W1 is blocked by its Space only and claims nothing on the global
     resource; W3 and W4 of another Space take the free global slots (property (a))."""
