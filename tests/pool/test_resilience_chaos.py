@@ -17,9 +17,11 @@ async def test_gradio_max_size_overflow_is_queue_full_and_halves_the_window() ->
     own 503: the pool sees queue_full (retryable, before acceptance) and halves the
     window; the calls that got in succeed."""
     with SpaceProcess("tiny", concurrency_limit=1, max_size=1) as tiny:
+        # The four callers are anonymous, one consumer (issue 28): its cap out of the
+        # way, as all four must reach the Space at once to overflow its queue.
         settings = PoolSettings(
             spaces=f"tiny={tiny.url}", coordinator_url="memory://", retry_attempts=1,
-            min_connections=1, breaker_failures=50,
+            min_connections=1, breaker_failures=50, anonymous_max_concurrent=1000,
         )  # fmt: skip
         pool = Pool(settings)
         try:
