@@ -35,9 +35,8 @@ from pool.transport import SpaceFile, safe_name
 
 from ._errors import InvalidFileReference
 from ._files import TOKEN_SHAPE, FileStore
+from ._schemas import MAX_DEPTH, json_problem
 
-MAX_DEPTH = 32
-"""The deepest nesting of a caller's JSON (app._schemas checks the JSON API's body)."""
 UPLOAD_PREFIX = "spacepool-upload/"
 """The ``path`` of a file uploaded to the front: ``spacepool-upload/<token>/<name>``
 (an opaque id: no path of this host; the token is the capability)."""
@@ -49,27 +48,15 @@ class BadJson(ValueError):
 
 
 def parse_json(raw: bytes | str) -> Any:
-    """``raw`` parsed, nested at most :data:`MAX_DEPTH` levels (else InvalidRequest)."""
+    """``raw`` parsed: nested at most ``MAX_DEPTH`` levels, finite numbers (the JSON
+    API's rule, :func:`app._schemas.json_problem`; else InvalidRequest)."""
     try:
         value = json.loads(raw)
     except (RecursionError, UnicodeDecodeError, ValueError) as exc:
         raise BadJson(f"the body is not JSON ({type(exc).__name__})") from None
-    if too_deep(value, MAX_DEPTH):
-        raise InvalidRequest(f"the body is nested deeper than {MAX_DEPTH} levels")
+    if (problem := json_problem(value)) is not None:
+        raise InvalidRequest(f"the body: {problem}")
     return value
-
-
-def too_deep(value: Any, limit: int) -> bool:
-    """Whether ``value`` nests deeper than ``limit`` (iterative: no recursion limit)."""
-    stack: list[tuple[Any, int]] = [(value, 0)]
-    while stack:
-        item, depth = stack.pop()
-        if isinstance(item, (dict, list)):
-            if depth >= limit:
-                return True
-            children = item.values() if isinstance(item, dict) else item
-            stack.extend((child, depth + 1) for child in children)
-    return False
 
 
 def upload_id(token: str, name: str) -> str:
