@@ -174,6 +174,28 @@ def settle(target: Target) -> None:
         time.sleep(0.05)
 
 
+def _as_bytes(content: Any) -> Any:
+    """A file part's content httpx can send: a negative case may make it a number or
+    None, which httpx fails on while streaming the body (in the client, but inside the
+    ASGI app's ``receive``, where it looked like the service's own 500)."""
+    if isinstance(content, (bytes, str)) or hasattr(content, "read"):
+        return content
+    return json.dumps(content, default=str).encode()
+
+
+def _encodable_files(files: Any) -> Any:
+    """``files`` (a dict or a list of (field, part) pairs) with each part's content bytes."""
+
+    def part(value: Any) -> Any:
+        if isinstance(value, tuple) and len(value) >= 2:
+            return (value[0], _as_bytes(value[1]), *value[2:])
+        return _as_bytes(value)
+
+    if isinstance(files, dict):
+        return {name: part(value) for name, value in files.items()}
+    return [(name, part(value)) for name, value in files]
+
+
 def as_request(case: Any) -> tuple[str, str, dict[str, Any]]:
     """The case as httpx arguments: JSON, raw bytes, or multipart parts (``files``)."""
     kwargs = case.as_transport_kwargs(base_url="http://svc")
@@ -185,7 +207,7 @@ def as_request(case: Any) -> tuple[str, str, dict[str, Any]]:
     if "json" in kwargs:
         request["json"] = kwargs["json"]
     elif kwargs.get("files"):
-        request["files"] = kwargs["files"]
+        request["files"] = _encodable_files(kwargs["files"])
         if isinstance(kwargs.get("data"), dict):
             request["data"] = kwargs["data"]
     elif kwargs.get("data") is not None:
