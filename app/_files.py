@@ -157,15 +157,26 @@ class FileStore:
     def local(self, token: str) -> tuple[Path, str] | None:
         """The stored file of ``token`` and its name (None: unknown or expired), for
         sending it on to a Space."""
-        opened = self.open(token)
-        if opened is None:
+        found = self._meta(token)
+        if found is None:
             return None
-        handle, meta = opened
-        handle.close()
-        return self.data / _key(token), str(meta.get("name") or "file")
+        key, meta = found
+        return self.data / key, str(meta.get("name") or "file")
 
     def open(self, token: str) -> tuple[IO[bytes], dict[str, Any]] | None:
         """The open file and its metadata, or None (unknown, expired, not a token)."""
+        found = self._meta(token)
+        if found is None:
+            return None
+        key, meta = found
+        try:
+            # Opened before answering: a sweep deleting it meanwhile cannot cut the reply.
+            return (self.data / key).open("rb"), meta
+        except OSError:
+            return None
+
+    def _meta(self, token: str) -> tuple[str, dict[str, Any]] | None:
+        """The key and metadata of a live file (None: unknown, expired, not a token)."""
         if not TOKEN_PATTERN.fullmatch(token):
             return None
         key = _key(token)
@@ -174,10 +185,9 @@ class FileStore:
             if float(meta["expires"]) <= self._clock():
                 self._delete(key)
                 return None
-            # Opened before answering: a sweep deleting it meanwhile cannot cut the reply.
-            return (self.data / key).open("rb"), meta
         except (OSError, ValueError, KeyError, TypeError):
             return None
+        return key, meta
 
     def _delete(self, key: str) -> None:
         for path in (self.data / f"{key}.json", self.data / key):

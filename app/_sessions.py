@@ -28,7 +28,7 @@ from pool import PoolSession, get_pool
 
 from ._auth import require_api_token
 from ._logging import context_of
-from ._schemas import EMAIL_PATTERN, ERROR_RESPONSES, SPACE_PATTERN
+from ._schemas import EMAIL_MAX_CHARS, EMAIL_PATTERN, ERROR_RESPONSES, SPACE_PATTERN
 from ._settings import ServiceSettings
 
 router = APIRouter(
@@ -42,7 +42,7 @@ class SessionRequest(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    email: str | None = Field(default=None, max_length=254, pattern=EMAIL_PATTERN)
+    email: str | None = Field(default=None, max_length=EMAIL_MAX_CHARS, pattern=EMAIL_PATTERN)
     space: str | None = Field(default=None, max_length=128, pattern=SPACE_PATTERN)
 
 
@@ -62,7 +62,7 @@ def _view(session: PoolSession) -> SessionView:
 
 
 _ID = Path(pattern=SESSION_PATTERN, max_length=64)
-_EMAIL = Query(default=None, max_length=254, pattern=EMAIL_PATTERN)
+_EMAIL = Query(default=None, max_length=EMAIL_MAX_CHARS, pattern=EMAIL_PATTERN)
 
 
 @router.post("/api/sessions", status_code=201, response_model=SessionView)

@@ -37,6 +37,7 @@ from .._boundary import BadJson, parse_json, upload_id, upload_token
 from .._errors import describe
 from .._files import FileStore, file_response
 from .._logging import context_of
+from .._schemas import EMAIL_MAX_CHARS, is_email
 from .._settings import ServiceSettings
 from . import _rest
 from ._rewrite import rewriter
@@ -85,9 +86,11 @@ def _front_root(request: Request) -> str:
 
 
 def _email(request: Request) -> str | None:
+    """The ``X-Spacepool-User`` header, checked as the JSON API checks ``email``."""
     value = request.headers.get(USER_HEADER, "").strip()
-    if len(value) > 320:
-        raise InvalidRequest(f"{USER_HEADER} longer than 320 characters")
+    if value and not is_email(value):
+        raise InvalidRequest(f"{USER_HEADER} must be an email address (at most"
+                             f" {EMAIL_MAX_CHARS} characters)")  # fmt: skip
     return value or None
 
 

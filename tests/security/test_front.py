@@ -177,3 +177,21 @@ async def test_the_secret_guard_holds_on_the_front_in_bounded_time(
         health = time.monotonic()
         assert (await client.get("/healthz")).status_code == 200
         assert time.monotonic() - health < 1.0
+
+
+async def test_the_user_header_is_checked_as_the_json_apis_email(service: ServiceProcess) -> None:
+    """One rule for a user's name on both faces: what /api/predict refuses as ``email``
+    the front refuses as ``X-Spacepool-User``, before any session or slot."""
+    async with service.client() as client:
+        echo = await _fn(client, "echo")
+        for bad in ("not-an-email", "a b@example.com", "x" * 250 + "@example.com"):
+            api = await client.post("/api/predict", json={
+                "space": "talker", "api_name": "/echo", "args": ["x", 0], "email": bad})
+            front = await client.post("/gradio/talker/gradio_api/queue/join",
+                                      headers={"X-Spacepool-User": bad}, json={
+                "data": ["x", 0], "fn_index": echo, "session_hash": "bad-user"})  # fmt: skip
+            assert api.status_code == 422 and front.status_code == 422, (bad, front.text)
+        good = await client.post("/gradio/talker/gradio_api/queue/join",
+                                 headers={"X-Spacepool-User": "bob@example.com"}, json={
+            "data": ["x", 0], "fn_index": echo, "session_hash": "good-user"})  # fmt: skip
+        assert good.status_code == 200
