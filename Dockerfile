@@ -24,7 +24,8 @@ COPY . /app
 # The project itself, without extras (gradio is only for tests).
 RUN pip install /app
 
-# Admission state shared by every worker in the container (several containers: redis://);
+# Admission state shared by every worker in the container (several containers: a shared
+# Redis, reachable from a Space only on ports 80, 443 or 8080: docs/hub.md);
 # output files go beside it (POOL_FILE_DIR's default, under the temp dir).
 RUN mkdir -p /tmp/spacepool && chown user:user /tmp/spacepool && chmod 700 /tmp/spacepool
 USER user
@@ -35,6 +36,9 @@ ENV POOL_COORDINATOR_URL=sqlite:////tmp/spacepool/coordinator.db \
 
 EXPOSE 7860
 
+# Liveness: /healthz answers while the process does (a restart would not help otherwise).
+# Readiness is GET /readyz (the coordinator answers, every app has a Space up or
+# wakeable): for a load balancer in front of several containers, not for a restart.
 HEALTHCHECK --interval=30s --timeout=5s --start-period=30s --retries=3 \
     CMD python -c "import urllib.request as u; u.urlopen('http://127.0.0.1:7860/healthz', timeout=4)" || exit 1
 

@@ -25,7 +25,7 @@ from . import _metrics
 from ._auth import require_admin_token, require_api_token
 from ._boundary import Boundary
 from ._errors import IdempotencyKeyInUse, JobNotFound
-from ._files import FileOutput, FileStore
+from ._filestore import FileOutput, FileStore
 from ._idempotency import (
     MAX_KEY_CHARS,
     Held,
@@ -35,9 +35,10 @@ from ._idempotency import (
     release,
     reserve,
 )
-from ._inputs import Call, identity_headers, read_call
+from ._inputs import CheckedCall, identity_headers, read_call
 from ._jobs import JobRunner
 from ._logging import context_of
+from ._readiness import Readiness
 from ._schemas import (
     ERROR_RESPONSES,
     FINAL_STAGES,
@@ -49,22 +50,16 @@ from ._schemas import (
     Stage,
     to_jsonable,
 )
-from ._settings import ServiceSettings
-from ._streaming import open_stream, wants_stream
+from ._settings import settings_of
+from ._streaming import KEEPALIVE_S, open_stream, wants_stream
 
 _log = logging.getLogger("spacepool.app")
-KEEPALIVE_S = 15.0
 
 _ERRORS = ERROR_RESPONSES
 
 router = APIRouter()
 api = APIRouter(dependencies=[Depends(require_api_token)])
 admin = APIRouter(dependencies=[Depends(require_admin_token)])
-
-
-def _settings(request: Request) -> ServiceSettings:
-    settings: ServiceSettings = request.app.state.settings
-    return settings
 
 
 def _runner(request: Request) -> JobRunner:
@@ -84,13 +79,13 @@ def _prepare(request: Request, body: PredictRequest) -> Pool:
 def file_output(request: Request, body: PredictRequest) -> FileOutput:
     """How this request's output files are rendered (URL, or inline when small)."""
     store: FileStore = request.app.state.files
-    limit = _settings(request).file_inline_max_bytes
+    limit = settings_of(request).file_inline_max_bytes
     return FileOutput(store, body.files, limit)
 
 
-async def _read(request: Request) -> Call:
+async def _read(request: Request) -> CheckedCall:
     """The body (JSON or multipart), checked by ``_prepare``, then its files on disk."""
-    settings = _settings(request)
+    settings = settings_of(request)
     boundary: Boundary = request.app.state.boundary
     call = await read_call(request, settings, boundary, lambda body: _prepare(request, body))
     call.headers = identity_headers(request, settings)
@@ -125,8 +120,21 @@ _BODY_DOC: dict[str, Any] = {
 
 @router.get("/healthz", tags=["service"])
 async def healthz() -> dict[str, str]:
-    """Liveness: the process answers. Does not contact any Space."""
+    """Liveness: the process answers. Does not contact any Space (``/readyz`` does)."""
     return {"status": "ok"}
+
+
+@router.get(
+    "/readyz",
+    tags=["service"],
+    responses={503: {"description": "not ready: the coordinator or an app's every Space"}},
+)
+async def readyz(request: Request) -> JSONResponse:
+    """Readiness: the admission store answers and every app has a Space up or wakeable
+    (app/_readiness.py). 503 otherwise, saying what failed."""
+    readiness: Readiness = request.app.state.readiness
+    ready, body = await readiness.check(get_pool())
+    return JSONResponse(body, status_code=200 if ready else 503)
 
 
 @router.get("/", tags=["service"], include_in_schema=False)
@@ -168,7 +176,7 @@ async def predict(request: Request) -> PredictResponse | Response:
     ``"stream": true`` (or ``Accept: text/event-stream``): Server-Sent Events, one per
     partial output, then the result.
     """
-    settings = _settings(request)
+    settings = settings_of(request)
     call = await _read(request)
     body = call.body
     files = file_output(request, body)
@@ -254,6 +262,7 @@ async def create_job(
                 "a request with this Idempotency-Key is still creating its job; retry in a moment"
             )
         response.headers["Idempotent-Replayed"] = "true"
+        context_of(request).made_no_call = True  # its quota's call was the first's
         stage = cast(Stage, known.stage) if known is not None else "queued"
         return _created(response, held.job_id, stage)
     try:
@@ -266,7 +275,7 @@ async def create_job(
             await _settle(release(get_pool().coordinator.values, held), "release")
         raise
     if held is not None:
-        ttl = _settings(request).job_retention_s
+        ttl = settings_of(request).job_retention_s
         await _settle(accept(get_pool().coordinator.values, held, ttl), "accept")
     return _created(response, job_id, cast(Stage, record.stage))
 
@@ -277,7 +286,9 @@ def _created(response: Response, job_id: str, stage: Stage) -> JobCreated:
     return JobCreated(job_id=job_id, stage=stage, url=url, events_url=f"{url}/events")
 
 
-async def _reserve(request: Request, call: Call, job_id: str, key: str | None) -> Held | None:
+async def _reserve(
+    request: Request, call: CheckedCall, job_id: str, key: str | None
+) -> Held | None:
     """The key's entry, reserved for ``job_id`` if the key is new (None without a key)."""
     if key is None:
         return None

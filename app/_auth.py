@@ -1,9 +1,18 @@
-"""Bearer-token checks, as FastAPI dependencies.
+"""Bearer-token checks, as FastAPI dependencies: the one boundary both faces go through.
 
 Two tokens (SPEC 6): ``POOL_ADMIN_TOKEN`` guards ``/api/admin/*`` — unset, every admin
 request is refused (403) and a warning is logged at start-up; ``POOL_API_TOKEN``
-guards ``/api/predict`` and ``/api/jobs*`` when set. Comparison is constant-time
-(``hmac.compare_digest``) and tokens are never logged or echoed.
+guards ``/api/predict``, ``/api/jobs*``, the files, spaces, sessions and the Gradio
+front ``/gradio/…`` when set. Comparison is constant-time (``hmac.compare_digest``)
+and tokens are never logged or echoed.
+
+**API keys** (app/_keys.py) are accepted wherever the API token is, as
+``Authorization: Bearer <key>``. A key is a consumer of the pool: its calls carry
+it (``pool._consumer.CURRENT``: its limit, its users, its default priority) and are
+metered under it (app/_usage.py). A request that makes a call (:func:`_makes_call`)
+is first checked against the key's daily quotas: 429 before any slot is taken. The
+API token is a key with no limits; a bearer that starts with ``sp_`` and is no live
+key (revoked, or never made) is refused even when no API token is configured.
 """
 
 from __future__ import annotations
@@ -11,10 +20,16 @@ from __future__ import annotations
 import hmac
 
 from fastapi import Request
+from opentelemetry import trace
 from pydantic import SecretStr
 
+from pool._consumer import CURRENT
+
 from ._errors import AuthError
-from ._settings import ServiceSettings
+from ._keys import KEY_PREFIX, KeyRecord, Keys
+from ._logging import context_of
+from ._settings import settings_of
+from ._usage import METER, OPEN_KEY, TOKEN_KEY, Meter, Usage
 
 
 def _presented(request: Request) -> str | None:
@@ -27,32 +42,72 @@ def _presented(request: Request) -> str | None:
     return token.strip()
 
 
+def _same(presented: str, expected: SecretStr) -> bool:
+    return hmac.compare_digest(
+        presented.encode("utf-8", "surrogateescape"),
+        expected.get_secret_value().encode("utf-8", "surrogateescape"),
+    )
+
+
 def _check(request: Request, expected: SecretStr, realm: str) -> None:
     presented = _presented(request)
     if presented is None:
         raise AuthError(401, "unauthorized", f"{realm}: send Authorization: Bearer <token>")
-    if not hmac.compare_digest(
-        presented.encode("utf-8", "surrogateescape"),
-        expected.get_secret_value().encode("utf-8", "surrogateescape"),
-    ):
+    if not _same(presented, expected):
         raise AuthError(401, "unauthorized", f"{realm}: wrong token")
 
 
-def _settings(request: Request) -> ServiceSettings:
-    settings: ServiceSettings = request.app.state.settings
-    return settings
+def _makes_call(request: Request) -> bool:
+    """Whether the request starts a call to a Space (what a quota counts)."""
+    if request.method != "POST":
+        return False
+    path = request.url.path
+    return (
+        path in ("/api/predict", "/api/jobs")
+        or path.endswith("/gradio_api/queue/join")
+        or "/gradio_api/call/" in path
+    )
 
 
 async def require_api_token(request: Request) -> None:
-    """``/api/predict`` and ``/api/jobs*``: the API token, when one is configured."""
-    expected = _settings(request).api_token
-    if expected is not None:
+    """The API token or a live API key (when a token is configured, one of them)."""
+    expected = settings_of(request).api_token
+    presented = _presented(request)
+    keys: Keys | None = getattr(request.app.state, "keys", None)
+    if presented is not None and expected is not None and _same(presented, expected):
+        METER.set(Meter(*TOKEN_KEY, context_of(request)))
+        return
+    if presented is not None and keys is not None:
+        record = await keys.find(presented)
+        if record is not None:
+            await _enter(request, record)
+            return
+        if expected is not None or presented.startswith(KEY_PREFIX):
+            raise AuthError(401, "unauthorized", "POOL_API_TOKEN or API key: wrong token")
+    elif expected is not None:
         _check(request, expected, "POOL_API_TOKEN")
+    METER.set(Meter(*OPEN_KEY, context_of(request)))
+
+
+async def _enter(request: Request, record: KeyRecord) -> None:
+    """The request runs as ``record``'s consumer; a call is counted against its quota."""
+    if _makes_call(request):
+        usage: Usage = request.app.state.usage
+        day = await usage.admit_call(record)
+
+        async def unspend() -> None:  # the request made no call after all (app/_logging.py)
+            await usage.unspend_call(record, day)
+
+        context_of(request).unspend = unspend
+    CURRENT.set(record.consumer())
+    METER.set(Meter(record.id, record.name, context_of(request)))
+    context_of(request).key = record.name
+    trace.get_current_span().set_attribute("spacepool.key", record.name)  # app/_tracing.py
 
 
 async def require_admin_token(request: Request) -> None:
     """``/api/admin/*``: the admin token; refused outright when none is configured."""
-    expected = _settings(request).admin_token
+    expected = settings_of(request).admin_token
     if expected is None:
         raise AuthError(403, "admin_disabled", "admin endpoints are off: POOL_ADMIN_TOKEN unset")
     _check(request, expected, "POOL_ADMIN_TOKEN")

@@ -27,14 +27,13 @@ import re
 from typing import Any
 
 from cachetools import TTLCache
-from gradio_client import utils as gradio_utils
 
 from pool import InvalidRequest, file_arg, is_file_data
-from pool._files import files_in
-from pool.transport import SpaceFile, safe_name
+from pool.connections._downloads import files_in
+from pool.transport import SpaceFile, is_url, safe_name
 
 from ._errors import InvalidFileReference
-from ._files import TOKEN_SHAPE, FileStore
+from ._filestore import TOKEN_SHAPE, FileStore
 from ._schemas import MAX_DEPTH, json_problem
 
 UPLOAD_PREFIX = "spacepool-upload/"
@@ -82,14 +81,30 @@ class Boundary:
     ) -> None:  # fmt: skip
         self.store = store
         self.allow_urls = allow_urls
+        self.outputs_ttl_s = outputs_ttl_s
         self._outputs: TTLCache[str, bool] = TTLCache(maxsize=max_outputs, ttl=outputs_ttl_s)
 
-    def saw_outputs(self, value: Any) -> None:
-        """Remember the Space-side paths of the files in an output sent to a caller."""
+    def saw_outputs(self, value: Any) -> list[str]:
+        """Remember the Space-side paths of the files in an output sent to a caller;
+        those paths (another process of the fleet is told of them: the Gradio front)."""
+        paths = [str(data["path"]) for data in files_in(value) if not is_url(data["path"])]
+        self.note_outputs(paths)
+        return paths
+
+    def note_outputs(self, paths: list[str]) -> None:
+        """Space-side paths of output files relayed to a caller (here or elsewhere)."""
+        for path in paths:
+            self._outputs[path] = True
+
+    def unknown_outputs(self, value: Any) -> list[str]:
+        """The paths among ``value``'s FileData that are neither an upload id nor a URL
+        nor an output known here (another process may have relayed them)."""
+        found = []
         for data in files_in(value):
-            path = data["path"]
-            if not gradio_utils.is_http_url_like(path):
-                self._outputs[path] = True
+            path = str(data["path"])
+            if upload_token(path) is None and not is_url(path) and path not in self._outputs:
+                found.append(path)
+        return found
 
     def values(self, value: Any, where: str) -> Any:
         """``value`` with each FileData an HTTP caller sent made safe to send;
@@ -118,7 +133,7 @@ class Boundary:
                 )
             file, name = local
             return file_arg(file, str(data.get("orig_name") or name))
-        if gradio_utils.is_http_url_like(path):
+        if is_url(path):
             if not self.allow_urls:
                 raise InvalidFileReference(
                     f"{where}: file URLs are not accepted here (POOL_ALLOW_FILE_URLS is off);"

@@ -82,6 +82,10 @@ class JobNotFound(ServiceError):
     """No such job here (never created, expired, or created by another worker)."""
 
 
+class KeyNotFound(ServiceError):
+    """No such API key (never created, or revoked)."""
+
+
 class FileNotFound(ServiceError):
     """No such file URL here (never issued, expired, evicted, or not a token at all)."""
 
@@ -211,6 +215,8 @@ def describe(exc: BaseException) -> Problem:
         return Problem(exc.status, body, exc.code, {"WWW-Authenticate": "Bearer"})
     if isinstance(exc, JobNotFound):
         return Problem(404, {"error": "job_not_found", "message": str(exc)}, "job_not_found")
+    if isinstance(exc, KeyNotFound):
+        return Problem(404, {"error": "key_not_found", "message": str(exc)}, "key_not_found")
     if isinstance(exc, FileNotFound):
         return Problem(404, {"error": "file_not_found", "message": str(exc)}, "file_not_found")
     if isinstance(exc, UploadTooLarge):

@@ -40,7 +40,7 @@ from typing import Any
 from pool.admission import SharedValues
 
 from ._errors import IdempotencyKeyReused
-from ._inputs import Call
+from ._inputs import CheckedCall
 from ._schemas import PredictRequest, is_file_form
 
 PREFIX = "idem:"
@@ -88,7 +88,7 @@ def fingerprint(body: PredictRequest, file_digests: Sequence[str] = ()) -> str:
     return digest.hexdigest()
 
 
-async def fingerprint_call(call: Call) -> str:
+async def fingerprint_call(call: CheckedCall) -> str:
     """:func:`fingerprint` of a request read by :mod:`app._inputs` (its files on disk)."""
     body = call.body
     paths = _uploads(body.args, call.args) + _uploads(body.kwargs, call.kwargs)

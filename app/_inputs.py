@@ -27,7 +27,7 @@ arguments, ``pool.file_arg(path, name)``, which is uploaded to the Space under t
 name when the job starts. All files of one request together are at
 most ``POOL_MAX_UPLOAD_BYTES`` (413 ``too_large``); bad base64, an unknown part, a
 malformed file object are a 422. The folder is deleted when the request (or the job)
-ends, whatever the outcome: :meth:`Call.cleanup`.
+ends, whatever the outcome: :meth:`CheckedCall.cleanup`.
 """
 
 from __future__ import annotations
@@ -61,7 +61,7 @@ from pool import (
     file_arg,
     is_file_data,
 )
-from pool._files import safe_name
+from pool.transport import safe_name
 
 from ._boundary import Boundary
 from ._errors import UploadTooLarge
@@ -78,7 +78,7 @@ _URL_TOTAL_S = 60.0  # a server trickling bytes cannot hold the request longer
 
 
 @dataclass
-class Call:
+class CheckedCall:
     """A validated request with its file arguments on disk, ready for the pool."""
 
     body: PredictRequest
@@ -116,7 +116,7 @@ class Call:
             queue_timeout_s=queue_timeout_s,
             safe_to_retry=body.safe_to_retry,
             ticket=ticket,
-            priority=body.priority,
+            priority=_priority(body),
             on_admitted=on_admitted,
             on_partial=on_partial,
             download_to=download_to,
@@ -132,10 +132,17 @@ class Call:
             shutil.rmtree(self.folder, ignore_errors=True)
 
 
-def checked_call(body: PredictRequest, boundary: Boundary) -> Call:
+def _priority(body: PredictRequest) -> str | None:
+    """The class the body asks for; None lets the pool take its API key's default
+    (pool/_request.py), else interactive."""
+    return body.priority if "priority" in body.model_fields_set else None
+
+
+def checked_call(body: PredictRequest, boundary: Boundary) -> CheckedCall:
     """A body with no file objects (a job run again by another worker) as a
-    :class:`Call`, through the trust boundary like the first run."""
-    return Call(body, boundary.values(body.args, "args"), boundary.values(body.kwargs, "kwargs"))
+    :class:`CheckedCall`, through the trust boundary like the first run."""
+    args, kwargs = boundary.values(body.args, "args"), boundary.values(body.kwargs, "kwargs")
+    return CheckedCall(body, args, kwargs)
 
 
 IP_TOKEN_HEADER = "x-ip-token"
@@ -181,7 +188,7 @@ async def read_call(
     settings: ServiceSettings,
     boundary: Boundary,
     check: Callable[[PredictRequest], object] | None = None,
-) -> Call:
+) -> CheckedCall:
     """The request's body and its file arguments; raises the usual 4xx errors.
 
     ``check(body)`` runs once the body is valid and before any file is written or
@@ -369,7 +376,7 @@ async def _materialize(
     uploads: dict[str, UploadFile],
     settings: ServiceSettings,
     boundary: Boundary,
-) -> Call:
+) -> CheckedCall:
     files = _Files(settings, boundary, uploads)
     try:
         args = [await files.walk(a, f"args[{i}]") for i, a in enumerate(body.args)]
@@ -379,4 +386,4 @@ async def _materialize(
             with contextlib.suppress(OSError):
                 shutil.rmtree(files.folder, ignore_errors=True)
         raise
-    return Call(body, args, kwargs, files.folder, files.total)
+    return CheckedCall(body, args, kwargs, files.folder, files.total)

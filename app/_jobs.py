@@ -27,7 +27,9 @@ Stages (``GET /api/jobs/{id}``)::
 its wake deadline; ``space`` names it). A final stage is sticky: later updates are
 ignored, which settles a cancel racing a finish.
 
-With the in-process store a job is visible only in the worker that created it.
+With the in-process store a job is visible only in the worker that created it; with
+a shared one (:mod:`app._shared_jobs`) every worker reads and cancels it, and a job's
+changes reach another worker's watchers as they happen (signalled, not polled).
 
 **Per user.** One email (every anonymous caller together counting as one) has at most
 ``POOL_MAX_QUEUED_JOBS_PER_USER`` jobs not yet final: the runner counts them in the
@@ -47,25 +49,25 @@ import math
 import secrets
 import time
 from collections import OrderedDict, deque
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass, field, fields, replace
 from datetime import UTC, datetime
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
-from pool import Partial, UpstreamEvent, WaitTicket, get_pool
+from pool import Partial, WaitTicket, get_pool
+from pool._consumer import current as current_consumer
 from pool._holdings import Holdings
 from pool.admission import SharedValues
 
 from ._errors import JobsFull, describe
-from ._files import FileOutput
-from ._inputs import Call
+from ._filestore import FileOutput
+from ._inputs import CheckedCall
+from ._progress import UpstreamView
 from ._schemas import FINAL_STAGES, PredictRequest, to_jsonable
 from ._settings import MAX_TIMEOUT_S, ServiceSettings
-from ._upstream import UpstreamView
 
 _log = logging.getLogger("spacepool.app")
 _HISTORY = 32
-_QUEUE_POLL_S = 0.2
 _REMOTE_CANCEL_S = 0.8  # a DELETE waits this long for another worker to cancel its job
 _CANCELLED = {"error": "cancelled", "message": "cancelled"}
 _HELD = "jobs-held:"  # jobs-held:<user> → their jobs not yet final (pool/_holdings.py)
@@ -94,12 +96,14 @@ class JobRecord:
     duration_ms: float | None = None
     partial: Any = None  # the latest partial output (JSON already), while streaming
     partial_index: int | None = None
-    upstream_rank: int | None = None  # app/_upstream.py: what the Space says
+    upstream_rank: int | None = None  # app/_progress.py: what the Space says
     upstream_eta_s: float | None = None
+    upstream_queue_size: int | None = None
     progress: list[dict[str, Any]] | None = None
     log: dict[str, Any] | None = None
     requeued: int | None = None  # times another worker took the job over (app/_reclaim.py)
     owner: str | None = None  # the worker running it (shared stores); never shown
+    fence: int = 0  # its fencing token: raised by each takeover (pool/admission/_ownership)
 
     @property
     def final(self) -> bool:
@@ -119,7 +123,8 @@ class JobRecord:
             if self.estimate_s is not None:
                 out["estimate_s"] = self.estimate_s
         for key in ("space", "queued_ms", "duration_ms", "error", "upstream_rank",
-                    "upstream_eta_s", "progress", "log", "requeued"):  # fmt: skip
+                    "upstream_queue_size", "upstream_eta_s", "progress", "log",
+                    "requeued"):  # fmt: skip
             value = getattr(self, key)
             if value is not None:
                 out[key] = value
@@ -172,9 +177,20 @@ class JobStore(Protocol):
         owner that does not answer); the record afterwards."""
         ...
 
-    async def cancel_requests(self) -> list[str]:
-        """Job ids whose cancellation another worker asked for (each returned once by
-        the worker that runs the job)."""
+    async def stopped(self, job_id: str) -> Literal["cancel", "lost"]:
+        """Wait until this worker's job ``job_id`` must stop: another worker asked to
+        cancel it, or took it over (never, in a store of one process)."""
+        ...
+
+    async def track(
+        self, job_id: str, deadline: float, body: dict[str, Any] | None, key: str | None = None
+    ) -> None:
+        """Index a job this worker runs, for a takeover if the worker is lost (``body``:
+        None when it cannot run again elsewhere; ``key``: the API key it runs for)."""
+        ...
+
+    async def untrack(self, job_id: str) -> None:
+        """The job ended here: it leaves the index."""
         ...
 
 
@@ -312,8 +328,17 @@ class MemoryJobStore:
     async def settle(self, job_id: str, **changes: Any) -> JobRecord | None:
         return self._update(job_id, None, changes)
 
-    async def cancel_requests(self) -> list[str]:
-        return []
+    async def stopped(self, job_id: str) -> Literal["cancel", "lost"]:
+        await asyncio.Event().wait()  # one process: nobody else cancels or takes it
+        raise AssertionError("unreachable")
+
+    async def track(
+        self, job_id: str, deadline: float, body: dict[str, Any] | None, key: str | None = None
+    ) -> None:
+        return None
+
+    async def untrack(self, job_id: str) -> None:
+        return None
 
 
 class JobRunner:
@@ -334,15 +359,13 @@ class JobRunner:
             values, _HELD, what="jobs", ttl_s=2 * MAX_TIMEOUT_S, grace_s=_STARTING_S,
             clock=time.time,
         )  # fmt: skip
-        self.on_start: Callable[[JobRecord, PredictRequest, Call], Awaitable[None]] | None = None
-        self.on_end: Callable[[str], Awaitable[None]] | None = None
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._closing = False
 
     async def submit(
         self,
         body: PredictRequest,
-        call: Call,
+        call: CheckedCall,
         files: FileOutput | None = None,
         job_id: str | None = None,
     ) -> JobRecord:
@@ -368,20 +391,46 @@ class JobRunner:
         except BaseException:
             await self._release(user, record.job_id)
             raise
-        if self.on_start is not None:
-            await self.on_start(record, body, call)
+        timeout = body.timeout_s or self.settings.job_timeout_s
+        rerunnable = call.folder is None and call.args == body.args and call.kwargs == body.kwargs
+        consumer = current_consumer()  # a reclaimed job runs for its key again
+        await self.store.track(
+            record.job_id, record.created_at + timeout,
+            body.model_dump(mode="json") if rerunnable else None,
+            None if consumer is None else consumer.key_id,
+        )  # fmt: skip
         self.start(record.job_id, body, call, files)
         return record
 
     def start(
-        self, job_id: str, body: PredictRequest, call: Call, files: FileOutput | None
+        self, job_id: str, body: PredictRequest, call: CheckedCall, files: FileOutput | None
     ) -> None:
         """Run the job ``job_id`` (already in the store) as a task of this worker."""
         task = asyncio.get_running_loop().create_task(
             self._run(job_id, body, call, files), name=f"job-{job_id[:8]}"
         )
         self._tasks[job_id] = task
-        task.add_done_callback(lambda _: self._tasks.pop(job_id, None))
+        stopper = asyncio.get_running_loop().create_task(
+            self._stop_when_told(job_id, task), name=f"job-{job_id[:8]}-stop"
+        )
+
+        def ended(_: asyncio.Task[None]) -> None:
+            self._tasks.pop(job_id, None)
+            stopper.cancel()
+
+        task.add_done_callback(ended)
+
+    async def _stop_when_told(self, job_id: str, task: asyncio.Task[None]) -> None:
+        """Cancel the job's task when another worker asks to, or takes the job over
+        (then it stops without a word: the record is that worker's now)."""
+        try:
+            why = await self.store.stopped(job_id)
+        except Exception as exc:  # not watched any more: the job runs on regardless
+            _log.warning("cannot watch job %s (%s)", job_id[:8], type(exc).__name__)
+            return
+        if why == "lost":
+            _log.warning("job taken over by another worker", extra={"job_id": job_id})
+        task.cancel()
 
     async def _lasts(self, job_id: str) -> float | None:
         """None when the job ended (final, or gone from the store); else unknown."""
@@ -395,16 +444,6 @@ class JobRunner:
             with contextlib.suppress(Exception):
                 await self.held.drop(user, job_id)
 
-    def running(self) -> list[str]:
-        """The jobs whose task runs on this worker."""
-        return list(self._tasks)
-
-    def lost(self, job_id: str) -> None:
-        """Another worker took the job over: stop it here without a word."""
-        task = self._tasks.get(job_id)
-        if task is not None:
-            task.cancel()
-
     async def cancel(self, job_id: str) -> JobRecord | None:
         """Cancel the job (upstream too) and wait until its slot is given back.
 
@@ -416,29 +455,24 @@ class JobRunner:
             task.cancel()
             await asyncio.wait({task}, timeout=10.0)
         elif await self.store.request_cancel(job_id):
-            # Its owner usually answers within a poll or two; one that does not (dead,
-            # frozen) is overruled: the job is settled here and the owner, if it wakes,
-            # finds it taken (app/_shared_jobs.py) and stops.
-            deadline = time.monotonic() + _REMOTE_CANCEL_S
-            while time.monotonic() < deadline:
-                record = await self.store.get(job_id)
-                if record is None or record.final:
-                    return record
-                await asyncio.sleep(_QUEUE_POLL_S / 2)
+            # Its owner answers at once (it watches the request); one that does not
+            # (dead, frozen) is overruled: the job is settled here and the owner, if it
+            # wakes, finds it taken (app/_shared_jobs.py) and stops.
+            record = await self._until_final(job_id, _REMOTE_CANCEL_S)
+            if record is None or record.final:
+                return record
             return await self.store.settle(job_id, stage="cancelled", error=_CANCELLED)
         await self.store.update(job_id, stage="cancelled", error=_CANCELLED)
         return await self.store.get(job_id)
 
-    async def watch_cancellations(self) -> None:
-        """One poller per worker: cancel this worker's jobs that another worker asked to."""
-        while True:
-            await asyncio.sleep(_QUEUE_POLL_S)
-            if not self._tasks:
-                continue
-            for job_id in await self.store.cancel_requests():
-                task = self._tasks.get(job_id)
-                if task is not None:
-                    task.cancel()
+    async def _until_final(self, job_id: str, within_s: float) -> JobRecord | None:
+        """The job's record once final (or gone), else as it is after ``within_s``."""
+        deadline = time.monotonic() + within_s
+        while (record := await self.store.get(job_id)) is not None and not record.final:
+            left = deadline - time.monotonic()
+            if left <= 0 or await self.store.changes(job_id, record.version, left) is None:
+                break
+        return await self.store.get(job_id)
 
     async def aclose(self) -> None:
         """Cancel every job still running (the service is stopping)."""
@@ -450,15 +484,14 @@ class JobRunner:
             await asyncio.wait(tasks, timeout=10.0)
 
     async def _run(
-        self, job_id: str, body: PredictRequest, call: Call, files: FileOutput | None
+        self, job_id: str, body: PredictRequest, call: CheckedCall, files: FileOutput | None
     ) -> None:
         try:
             await self._run_call(job_id, body, call, files)
         finally:
             call.cleanup()
-            if self.on_end is not None:
-                with contextlib.suppress(Exception):
-                    await asyncio.shield(self.on_end(job_id))
+            with contextlib.suppress(Exception):
+                await asyncio.shield(self.store.untrack(job_id))
             with contextlib.suppress(Exception):
                 await asyncio.shield(self._ended(job_id, body))
 
@@ -470,7 +503,7 @@ class JobRunner:
             await self._release(get_pool().hash_user(body.email), job_id)
 
     async def _run_call(
-        self, job_id: str, body: PredictRequest, call: Call, files: FileOutput | None
+        self, job_id: str, body: PredictRequest, call: CheckedCall, files: FileOutput | None
     ) -> None:
         s = self.settings
         started = time.monotonic()
@@ -500,11 +533,10 @@ class JobRunner:
                     partial_index=p.index,
                 )
 
-            view = UpstreamView()
+            async def show(changed: dict[str, Any]) -> None:
+                await self.store.update(job_id, **changed)
 
-            async def upstream(event: UpstreamEvent) -> None:
-                if (changed := view.update(event)) is not None:
-                    await self.store.update(job_id, **changed)
+            upstream = UpstreamView(show)
 
             try:
                 done = await call.predict(
@@ -518,6 +550,7 @@ class JobRunner:
                     on_event=upstream,
                 )
             finally:
+                upstream.close()
                 follower.cancel()
                 call.cleanup()  # the Space has the files by now
             await self.store.update(

@@ -16,13 +16,14 @@ traceback (the caller gets only the request id).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import re
 import sys
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -43,6 +44,7 @@ FIELDS = (
     "duration_ms",
     "outcome",
     "user",
+    "key",
     "job_id",
     "stage",
 )
@@ -60,6 +62,12 @@ class RequestContext:
     queued_ms: float | None = None
     outcome: str | None = None
     user: str | None = None
+    key: str | None = None  # the API key's name (app/_keys.py), never its secret
+    # A call counted against the key's daily quota as the request entered (app/_auth.py):
+    # given back when the request made no call after all — refused (4xx) or answered
+    # from an earlier request (an Idempotency-Key replay sets ``made_no_call``).
+    unspend: Callable[[], Awaitable[None]] | None = None
+    made_no_call: bool = False
 
 
 def context_of(request: Request) -> RequestContext:
@@ -154,6 +162,9 @@ class AccessLog:
             )
             await send({"type": "http.response.body", "body": body})
         finally:
+            if ctx.unspend is not None and (ctx.made_no_call or 400 <= status < 500):
+                with contextlib.suppress(Exception):  # best effort, as the count itself
+                    await ctx.unspend()
             elapsed = time.monotonic() - started
             path = _template(scope)
             method = str(scope.get("method", ""))
@@ -170,6 +181,7 @@ class AccessLog:
                     "duration_ms": round(elapsed * 1000, 1),
                     "outcome": ctx.outcome or ("ok" if status < 400 else f"http_{status}"),
                     "user": ctx.user,
+                    "key": ctx.key,
                 },
             )
 

@@ -240,7 +240,7 @@ def to_jsonable(value: Any, files: FileRenderer | None = None) -> Any:
 
     The one conversion every output path uses. A downloaded output file
     (:class:`pool.LocalFile`) becomes ``files(it)`` — ``{"file": {"url", …}}`` or
-    inline base64 (:class:`app._files.FileOutput`) — or, without ``files``, its name,
+    inline base64 (:class:`app._filestore.FileOutput`) — or, without ``files``, its name,
     size and type only (never a path of this host). Non-finite floats become None and
     unknown objects their ``str``; never raises.
     """

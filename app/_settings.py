@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import os
 import tempfile
+from urllib.parse import urlsplit
 
 from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+from starlette.requests import Request
 
 MAX_TIMEOUT_S = 3600.0
 """The longest deadline a caller may ask for (``timeout_s``)."""
@@ -76,9 +78,15 @@ class ServiceSettings(BaseSettings):
     file_inline_max_bytes: int = Field(
         default=256 * 1024, ge=0, description='largest file sent inline ("files": "inline")'
     )
-    gradio_queue_wait_s: float = Field(
-        default=2.5, ge=0, description="Gradio front: longest wait for admission of an event"
-        " before the busy answer (gradio_client's join gives up after 5 s)"
+    gradio_queue_wait_s: float | None = Field(
+        default=None, ge=0, description="obsolete, ignored (a warning at start): the Gradio"
+        " front's events wait for admission up to POOL_QUEUE_TIMEOUT_S, their joins"
+        " answered at once"
+    )
+    gradio_queue_max_size: int = Field(
+        default=256, ge=1, description="Gradio front: events waiting for admission in this"
+        " process at once; past it a join gets the busy answer (503, as Gradio's"
+        " queue max_size)"
     )
     gradio_session_idle_s: float = Field(
         default=1800.0, gt=0, description="Gradio front: a session with no event starting,"
@@ -99,3 +107,34 @@ class ServiceSettings(BaseSettings):
         if isinstance(value, str) and not value.strip():
             return None
         return value
+
+
+HUB_OUTBOUND_PORTS = (80, 443, 8080)
+"""The only ports a Hugging Face Space may connect out to (docs/hub.md)."""
+_DEFAULT_PORTS = {"redis": 6379, "rediss": 6379, "http": 80, "https": 443}
+
+
+def outbound_port_problem(url: str) -> str | None:
+    """Why a Space could not reach the store ``url`` (None when it can or has no port):
+    on the Hub only ports 80, 443 and 8080 go out. Never quotes the URL (a password)."""
+    parts = urlsplit(url)
+    scheme = parts.scheme.lower()
+    if scheme not in _DEFAULT_PORTS:
+        return None  # memory://, sqlite:///…: nothing goes out
+    try:
+        port = parts.port or _DEFAULT_PORTS[scheme]
+    except ValueError:
+        return None
+    if port in HUB_OUTBOUND_PORTS:
+        return None
+    return (
+        f"POOL_COORDINATOR_URL names port {port}, but a Space's outbound connections are"
+        " allowed only on ports 80, 443 and 8080: the store cannot be reached from here"
+        " (use a store listening on 443 or 8080; docs/hub.md)"
+    )
+
+
+def settings_of(request: Request) -> ServiceSettings:
+    """The running service's settings (set on the app by its lifespan)."""
+    settings: ServiceSettings = request.app.state.settings
+    return settings

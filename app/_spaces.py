@@ -4,7 +4,7 @@
   ``pool.stats()`` (the same figures as pool-stats and the dashboard: up, breaker,
   window, wake, connections, queue), nothing recomputed; and its app: ``apps`` lists
   each app with its replicas (Spaces with identical APIs, or grouped explicitly by
-  ``alias@app=URL``; :mod:`pool._apps`) — a Space whose API is not known yet (never
+  ``alias@app=URL``; :mod:`pool.routing._apps`) — a Space whose API is not known yet (never
   connected) has ``"app": null``;
 * ``GET /api/spaces/{name}/api`` — the Space's endpoints with parameter names, types
   and defaults: ``Client.view_api(return_format="dict")`` of a pooled connection

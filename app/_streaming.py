@@ -6,8 +6,9 @@ that fills a :class:`LatestEvents` buffer; the response reads from it. Every eve
 
     {"stage": "running", "space": "alpha"}                          admitted
     {"stage": "running", "space": "alpha", "partial": ..., "partial_index": 0}
-    {"stage": "running", "space": "alpha", "upstream_rank": 0, "upstream_eta_s": 1.5}
-    {"stage": "running", "space": "alpha", "progress": [...], "log": {...}}   (_upstream.py)
+    {"stage": "running", "space": "alpha", "upstream_rank": 0, "upstream_queue_size": 1,
+     "upstream_eta_s": 1.5}                                         (until the Space starts it)
+    {"stage": "running", "space": "alpha", "progress": [...], "log": {...}}   (_progress.py)
     {"stage": "done", "space", "result", "queued_ms", "duration_ms", "attempts"}
     event: error
     {"stage": "failed", "status": 502, "error": "upstream", "message": ..., "request_id"}
@@ -29,7 +30,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections import deque
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -37,17 +37,19 @@ from fastapi import Request
 from fastapi.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
-from pool import Partial, Pool, UpstreamEvent
+from pool import Partial, Pool
+from pool.transport import Feed
 
 from ._errors import describe
-from ._files import FileOutput
-from ._inputs import Call
+from ._filestore import FileOutput
+from ._inputs import CheckedCall
 from ._logging import RequestContext, context_of
+from ._progress import UpstreamView
 from ._schemas import PredictRequest, to_jsonable
 from ._settings import ServiceSettings
-from ._upstream import UpstreamView
 
 _log = logging.getLogger("spacepool.app")
+# An idle SSE stream sends a keepalive this often (gradio/utils.py get_heartbeat_rate).
 KEEPALIVE_S = 15.0
 _tasks: set[asyncio.Task[None]] = set()  # running predicts (kept referenced until done)
 
@@ -65,46 +67,63 @@ class LatestEvents:
     """What the predict produced and the reader has not taken yet, bounded.
 
     ``admitted`` and the final event (result or error) are always kept; of the partials
-    only the latest ``keep``. State changes are plain methods without ``await``.
+    only the latest ``keep`` (a :class:`~pool.transport.Feed`, the pool's one bounded
+    buffer: a reader that falls behind skips older ones, never the latest). State
+    changes are plain methods without ``await``; each wakes the reader.
     """
 
     def __init__(self, keep: int) -> None:
-        self.partials: deque[tuple[str, Partial]] = deque(maxlen=keep)
+        self.partials = Feed(keep)  # (space, Partial) pairs
+        self._taken = 0  # the partials' index the reader is at
+        self.dropped = 0  # partials the reader skipped (it fell more than ``keep`` behind)
         self.admitted: list[str] = []  # Spaces that took the call (a retry adds one)
         self.final: dict[str, Any] | BaseException | None = None
-        self.dropped = 0
-        self.upstream: dict[str, Any] | None = None  # fields not sent yet (app/_upstream.py)
-        self.changed = asyncio.Event()
+        self.upstream: dict[str, Any] | None = None  # fields not sent yet (app/_progress.py)
+        self._sent: dict[str, Any] = {}  # the upstream fields as the reader last got them
 
     def admit(self, space: str) -> None:
         self.admitted.append(space)
-        self.changed.set()
+        self.partials.poke()
 
     def partial(self, space: str, partial: Partial) -> None:
-        if len(self.partials) == self.partials.maxlen:
-            self.dropped += 1
         self.partials.append((space, partial))
-        self.changed.set()
 
     def note(self, fields: dict[str, Any]) -> None:
-        self.upstream = {**(self.upstream or {}), **fields}
-        self.changed.set()
+        """Upstream fields changed; a change undone before the reader took it (a call
+        queued at rank 0 that started at once) is not sent at all."""
+        pending = {**(self.upstream or {}), **fields}
+        pending = {k: v for k, v in pending.items() if self._sent.get(k) != v}
+        self.upstream = pending or None
+        self.partials.poke()
+
+    def take_upstream(self) -> dict[str, Any] | None:
+        """The upstream fields not sent yet (None: nothing new)."""
+        upstream, self.upstream = self.upstream, None
+        self._sent.update(upstream or {})
+        return upstream
 
     def finish(self, final: dict[str, Any] | BaseException) -> None:
         self.final = final
-        self.changed.set()
+        self.partials.close()
 
     def take(self) -> tuple[list[str], list[tuple[str, Partial]]]:
         """The pending admitted Spaces and partials (the final stays for ``final``)."""
         admitted, self.admitted = self.admitted, []
-        partials = list(self.partials)
-        self.partials.clear()
-        self.changed.clear()
+        first, partials = self.partials.since(self._taken)
+        self.dropped += first - self._taken
+        self._taken = first + len(partials)
         return admitted, partials
+
+    async def changed(self) -> None:
+        """Return once there is something to take (or the predict ended)."""
+        if self.admitted or self.upstream is not None or self.final is not None:
+            return
+        await self.partials.wait(self._taken)
 
 
 async def open_stream(
-    pool: Pool, call: Call, request: Request, settings: ServiceSettings, files: FileOutput
+    pool: Pool, call: CheckedCall, request: Request, settings: ServiceSettings,
+    files: FileOutput,
 ) -> StreamingResponse:
     """Start the predict; answer with its SSE stream once admitted (or raise its error).
 
@@ -120,11 +139,10 @@ async def open_stream(
     async def partial(p: Partial) -> None:
         events.partial(ctx.space or "", p)
 
-    view = UpstreamView()
+    async def note(fields: dict[str, Any]) -> None:
+        events.note(fields)
 
-    async def upstream(event: UpstreamEvent) -> None:
-        if (fields := view.update(event)) is not None:
-            events.note(fields)
+    upstream = UpstreamView(note)
 
     async def run() -> None:
         try:
@@ -140,6 +158,7 @@ async def open_stream(
             events.finish(exc)
             return
         finally:
+            upstream.close()
             call.cleanup()
         ctx.space, ctx.queued_ms = done.space, done.queued_ms
         events.finish(
@@ -158,8 +177,7 @@ async def open_stream(
     task.add_done_callback(_tasks.discard)
     try:
         while not events.admitted and events.final is None:
-            events.changed.clear()
-            await events.changed.wait()
+            await events.changed()
     except BaseException:  # the caller went away while queued
         task.cancel()
         raise
@@ -212,8 +230,7 @@ async def _read(
             admitted, partials = events.take()
             for space in admitted:
                 yield _sse({"stage": "running", "space": space})
-            if (upstream := events.upstream) is not None and final is None:
-                events.upstream = None
+            if final is None and (upstream := events.take_upstream()) is not None:
                 yield _sse({"stage": "running", "space": ctx.space, **upstream})
             for space, p in partials:
                 yield _sse(
@@ -232,7 +249,7 @@ async def _read(
                 return
             try:
                 async with asyncio.timeout(KEEPALIVE_S):
-                    await events.changed.wait()
+                    await events.changed()
             except TimeoutError:
                 yield b": keepalive\n\n"
     finally:

@@ -13,14 +13,17 @@ Behind this module, one concept each:
 
 * :mod:`app._api` — the endpoints, happy paths only;
 * :mod:`app._errors` — every error mapped to a status code, in one place;
-* :mod:`app._auth` — bearer tokens; :mod:`app._schemas` — bodies and limits;
+* :mod:`app._auth` — bearer tokens and API keys, the one boundary of both faces;
+  :mod:`app._keys` — API keys (consumers with limits); :mod:`app._usage` — usage per
+  key and user, daily quotas; :mod:`app._team_routes` — ``/api/admin/keys``, ``/usage``;
+* :mod:`app._schemas` — bodies and limits;
 * :mod:`app._jobs` — background jobs behind a small store interface;
   :mod:`app._shared_jobs` and :mod:`app._reclaim` — jobs every worker reads, and
   reclaims from a lost worker;
 * :mod:`app._inputs` — request bodies, JSON or multipart, and file arguments;
-* :mod:`app._files` — output files: the download folder, ``/api/files/{token}``;
+* :mod:`app._filestore` — output files: the download folder, ``/api/files/{token}``;
 * :mod:`app._spaces` — discovery: ``/api/spaces``, ``/api/spaces/{name}/api``;
-* :mod:`app._sessions` — ``/api/sessions``: conversations that keep a Space's state;
+* :mod:`app._session_routes` — ``/api/sessions``: conversations that keep a Space's state;
 * :mod:`app._streaming` — ``POST /api/predict`` answered as Server-Sent Events;
 * :mod:`app._metrics` — Prometheus; :mod:`app._logging` — JSON access log;
 * :mod:`app._limits` — request body size cap; :mod:`app._settings` — the knobs;
@@ -34,6 +37,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 from collections.abc import AsyncIterator
 from importlib import metadata
 
@@ -43,25 +47,31 @@ from pool import Pool, get_pool
 from pool._tasks import cancel_and_wait
 from pool.admission import SharedValues
 
-from . import _errors
+from . import _errors, _tracing
 from ._api import router
 from ._boundary import Boundary
 from ._dashboard import router as dashboard_router
-from ._files import FileOutput, FileStore, run_sweeper
-from ._files import router as files_router
+from ._filestore import FileOutput, FileStore, run_sweeper
+from ._filestore import router as files_router
 from ._gradio import FrontSessions
+from ._gradio import event_of as gradio_event_of
 from ._gradio import router as gradio_router
 from ._history import Activity, run_sampler
 from ._jobs import JobRunner, MemoryJobStore
+from ._keys import Keys
 from ._limits import BodySizeLimit
 from ._logging import AccessLog, configure_logging
 from ._metrics import on_pool_event
+from ._readiness import Readiness
 from ._reclaim import Reclaimer
 from ._schemas import PredictRequest
-from ._sessions import router as sessions_router
-from ._settings import ServiceSettings
+from ._session_routes import router as sessions_router
+from ._settings import ServiceSettings, outbound_port_problem
 from ._shared_jobs import SharedJobStore
 from ._spaces import router as spaces_router
+from ._team_routes import router as team_router
+from ._tracing import TraceRequests
+from ._usage import Usage
 
 _log = logging.getLogger("spacepool.app")
 
@@ -70,10 +80,18 @@ _log = logging.getLogger("spacepool.app")
 async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
     settings: ServiceSettings = app.state.settings
     configure_logging()
+    tracing = _tracing.configure()  # OTLP when OTEL_EXPORTER_OTLP_ENDPOINT is set
     if settings.admin_token is None:
         _log.warning("POOL_ADMIN_TOKEN is not set: every /api/admin/* request is refused")
     if settings.api_token is None:
         _log.info("POOL_API_TOKEN is not set: /api/predict and /api/jobs are open")
+    if os.environ.get("SPACE_ID"):  # running as a Hub Space: only 80/443/8080 go out
+        problem = outbound_port_problem(os.environ.get("POOL_COORDINATOR_URL", ""))
+        if problem is not None:
+            _log.warning(problem)
+    if settings.gradio_queue_wait_s is not None:
+        _log.warning("POOL_GRADIO_QUEUE_WAIT_S is obsolete and ignored: Gradio front joins are"
+                     " answered at once, their events wait up to POOL_QUEUE_TIMEOUT_S")  # fmt: skip
     try:
         pool = get_pool()
         await pool.start()
@@ -84,6 +102,12 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
     activity = Activity()
     pool.hooks.append(activity.on_event)
     app.state.activity = activity
+    keys = app.state.keys = Keys(lambda: pool.coordinator.values)
+    await keys.start()
+    usage = app.state.usage = Usage(lambda: pool.coordinator.values)
+    pool.hooks.append(usage.on_event)
+    usage.start()
+    readiness = app.state.readiness = Readiness()
     sampler = asyncio.get_running_loop().create_task(run_sampler(activity, pool))
     local = MemoryJobStore(
         retention_s=settings.job_retention_s,
@@ -99,18 +123,20 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
     boundary = app.state.boundary = Boundary(
         files, allow_urls=settings.allow_file_urls, outputs_ttl_s=settings.file_ttl_s
     )
-    runner, reclaim = _job_runner(local, pool, settings, files, boundary)
-    watcher = asyncio.get_running_loop().create_task(runner.watch_cancellations())
+    runner, reclaim = _job_runner(local, pool, settings, files, boundary, keys)
     app.state.jobs = runner
     sweeper = asyncio.get_running_loop().create_task(run_sweeper(files))
     front = app.state.gradio_sessions = FrontSessions(
         settings.gradio_session_idle_s,
         max_sessions=settings.gradio_max_sessions,
         max_per_user=settings.gradio_max_sessions_per_user,
-        # Each holds up to two of a Space's connections (data stream, heartbeat): at
-        # most a third of what its transport may open, the rest for the JSON API.
+        # Each running event holds one of a Space's connections: at most half of them
+        # run front events, the rest stay for the JSON API.
         max_upstream=max(1, pool.settings.max_connections // 2),
+        max_queued=settings.gradio_queue_max_size,
         boundary=boundary,
+        pool=pool,
+        event_of=gradio_event_of,
     )
     _log.info(
         "serving %d Space(s): %s; admission store %s",
@@ -123,15 +149,18 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
     finally:
         reclaim.cancel()
         await front.aclose()  # Gradio sessions: their events' slots freed
-        watcher.cancel()
         sweeper.cancel()
         await files.aclose()
-        await cancel_and_wait(reclaim, watcher, sampler)  # ended before the pool closes
+        await cancel_and_wait(reclaim, sampler)  # ended before the pool closes
         await runner.aclose()
-        for hook in (on_pool_event, activity.on_event):
+        await keys.aclose()
+        await usage.aclose()  # the last figures written
+        await readiness.aclose()
+        for hook in (on_pool_event, activity.on_event, usage.on_event):
             with contextlib.suppress(ValueError):
                 pool.hooks.remove(hook)
         await pool.aclose()
+        _tracing.shutdown(tracing)
 
 
 async def _idle() -> None:
@@ -140,7 +169,7 @@ async def _idle() -> None:
 
 def _job_runner(
     local: MemoryJobStore, pool: Pool, settings: ServiceSettings, files: FileStore,
-    boundary: Boundary,
+    boundary: Boundary, keys: Keys,
 ) -> tuple[JobRunner, asyncio.Task[None]]:  # fmt: skip
     """The job runner; with a shared coordinator, jobs every worker reads, cancels and
     reclaims from a lost worker (app._reclaim), and the task that heartbeats for it."""
@@ -150,7 +179,7 @@ def _job_runner(
     if pool.coordinator.store == "memory":
         runner = JobRunner(local, settings, values=values)
         return runner, asyncio.get_running_loop().create_task(_idle())
-    store = SharedJobStore(local, values, settings.job_retention_s)
+    store = SharedJobStore(local, values, settings.job_retention_s, pool.settings.lease_ttl_s)
     runner = JobRunner(store, settings, owner=store.worker, values=values)
 
     def files_for(body: PredictRequest) -> FileOutput:
@@ -158,7 +187,7 @@ def _job_runner(
 
     reclaimer = Reclaimer(
         runner, store, lambda: pool.coordinator.values, pool.settings.lease_ttl_s, files_for,
-        boundary,
+        boundary, keys,
     )
     return runner, asyncio.get_running_loop().create_task(reclaimer.run())
 
@@ -186,12 +215,14 @@ def create_app(settings: ServiceSettings | None = None) -> FastAPI:
         max_bytes=settings.max_body_bytes,
         multipart_max_bytes=settings.max_body_bytes + settings.max_upload_bytes,
     )
+    app.add_middleware(TraceRequests)  # one span per request (app/_tracing.py)
     app.add_middleware(AccessLog, internal_error=_errors.internal_error)  # outermost
     app.include_router(router)
     app.include_router(files_router)
     app.include_router(spaces_router)
     app.include_router(sessions_router)
     app.include_router(dashboard_router)
+    app.include_router(team_router)
     app.include_router(gradio_router)
     return app
 

@@ -30,6 +30,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from devspaces._launch import (
+    LOGIN_USERS,
     SpaceFleet,
     SpaceProcess,
     SpaceStartError,
@@ -41,6 +42,7 @@ if TYPE_CHECKING:
     from devspaces._app import build_space
 
 __all__ = [
+    "LOGIN_USERS",
     "SpaceFleet",
     "SpaceProcess",
     "SpaceStartError",

@@ -1,7 +1,7 @@
 """``python -m devspaces serve ...`` runs one stand-in Space; ``fleet`` runs several.
 
 python -m devspaces serve --name alpha --port 7861 [--config-delay S]
-                          [--max-size M] [--concurrency C] [--kind K]
+                          [--max-size M] [--concurrency C] [--kind K] [--login]
 python -m devspaces fleet --count 2     # prints POOL_SPACES, serves until Ctrl-C
 """
 
@@ -32,6 +32,7 @@ def _serve(args: argparse.Namespace) -> int:
         concurrency_limit=args.concurrency,
         max_size=args.max_size,
         kind=args.kind,
+        login=args.login,
     )
     uvicorn.run(
         app,
@@ -86,6 +87,9 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--port", type=int, required=True)
     serve.add_argument("--host", default=HOST, help="address to bind (default %(default)s)")
     serve.add_argument("--log-level", default="warning")
+    serve.add_argument(
+        "--login", action="store_true", help="behind Gradio's login (devspaces.LOGIN_USERS)"
+    )
     common(serve)
     serve.set_defaults(run=_serve)
 
@@ -93,7 +97,18 @@ def _parser() -> argparse.ArgumentParser:
     fleet.add_argument("--count", type=int, default=2)
     common(fleet)
     fleet.set_defaults(run=_fleet)
+
+    zygote = commands.add_parser(
+        "zygote", help="fork Spaces on request over the socket on stdin (devspaces._zygote)"
+    )
+    zygote.set_defaults(run=_zygote)
     return parser
+
+
+def _zygote(args: argparse.Namespace) -> int:
+    from devspaces._zygote import main as zygote_main
+
+    return zygote_main()
 
 
 def main(argv: Sequence[str] | None = None) -> int:

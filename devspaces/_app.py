@@ -15,7 +15,12 @@ which buffers and would get in the way of the server-sent-event stream):
 * mode ``queue_full`` answers ``POST /gradio_api/queue/join`` with HTTP 503, the answer
   Gradio gives when ``queue(max_size=...)`` overflows, so gradio_client raises
   ``gradio_client.utils.QueueError``;
-* modes ``hang`` and ``raise`` are read by ``/echo`` itself when a call starts.
+* modes ``hang`` and ``raise`` are read by ``/echo`` itself when a call starts;
+* ``refuse_next`` answers the next N queue joins 503 "Queue is full" whatever the queue
+  holds (a refusal that is a race, not the Space's limit);
+* ``max_size=0`` is a Space with no queue: a join is refused unless a worker is free for
+  it now (Gradio's own ``max_size=0`` would refuse every join: ``gradio/queueing.py``
+  ``push`` compares the waiting events to ``max_size`` before adding the new one).
 
 The event functions are coroutines: they run on the server's event loop, not in the
 anyio worker-thread pool (40 threads by default), so a hundred hanging calls cost no
@@ -26,6 +31,7 @@ right if a function is ever made synchronous.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import importlib
 import math
 import os
@@ -39,6 +45,8 @@ import fastapi
 import gradio as gr
 from pydantic import BaseModel, Field
 from starlette.responses import JSONResponse
+
+from devspaces._launch import LOGIN_USERS
 
 Mode = Literal["ok", "queue_full", "hang", "raise", "probe_fail"]
 
@@ -73,12 +81,19 @@ class _Meter:
     rate_limited: int = 0  # /config requests answered 429
     token: str | None = None  # required as x-hf-authorization (a private Space)
     unauthorized: int = 0  # requests answered 401 for a missing or wrong token
+    refuse_next: int = 0  # the next queue joins answered 503 "Queue is full" (a race)
+    # max_size=0: the Space's events waiting or running (gradio's queue); a join is
+    # refused when they reach the concurrency limit (None: Gradio's own max_size rules)
+    no_queue: Callable[[], bool] | None = None
 
     def __post_init__(self) -> None:
         self.lock = threading.Lock()
         # (start, end) wall-clock times of finished calls, so that a test can compute
         # the concurrency of several Spaces together (they share the host's clock).
         self.intervals: list[tuple[float, float]] = []
+        # (start, end, text) of finished /echo calls: a test tells its callers apart
+        # by the text each sent, on the Space's own clock.
+        self.calls: list[tuple[float, float, str]] = []
 
     def enter(self) -> tuple[Mode, float]:
         """Count a call that starts; return the mode it must obey and its start time."""
@@ -88,12 +103,15 @@ class _Meter:
             self.peak = max(self.peak, self.in_flight)
             return self.mode, time.time()
 
-    def leave(self, started: float) -> None:
+    def leave(self, started: float, text: str | None = None) -> None:
         """Count a call that ended, however it ended."""
         with self.lock:
             self.in_flight -= 1
+            ended = time.time()
             if len(self.intervals) < MAX_INTERVALS:
-                self.intervals.append((started, time.time()))
+                self.intervals.append((started, ended))
+            if text is not None and len(self.calls) < MAX_INTERVALS:
+                self.calls.append((started, ended, text[:64]))
 
     def saw_config(self) -> float:
         """Count one ``GET /config``; return the delay to apply to it."""
@@ -126,6 +144,7 @@ class _Meter:
             self.rate_limited = 0
             self.unauthorized = 0
             self.intervals.clear()
+            self.calls.clear()
 
 
 class _Control(BaseModel):
@@ -137,6 +156,7 @@ class _Control(BaseModel):
     config_429_s: float | None = Field(default=None, ge=0.0)
     # every request must carry x-hf-authorization: Bearer <token> ("": open again)
     require_token: str | None = None
+    refuse_next: int | None = Field(default=None, ge=0)  # the next N joins: "Queue is full"
 
 
 class _Misbehave:
@@ -167,8 +187,12 @@ class _Misbehave:
                     return
             elif method == "POST" and path == QUEUE_JOIN_PATH:
                 with self.meter.lock:
-                    full = self.meter.mode == "queue_full"
-                    self.meter.refused += full
+                    meter = self.meter
+                    full = meter.mode == "queue_full" or meter.refuse_next > 0 or (
+                        meter.no_queue is not None and meter.no_queue()
+                    )
+                    meter.refuse_next = max(0, meter.refuse_next - 1)
+                    meter.refused += full
                 if full:
                     response = JSONResponse({"detail": "Queue is full."}, status_code=503)
                     await response(scope, receive, send)
@@ -259,7 +283,7 @@ def echo_fn(meter: _Meter) -> Callable[[str, float], Awaitable[str]]:
             await asyncio.sleep(max(0.0, float(delay_s or 0)))
             return f"{meter.name}:{text}"
         finally:
-            meter.leave(started)
+            meter.leave(started, str(text))
 
     return echo
 
@@ -291,6 +315,98 @@ def echo_blocks(meter: _Meter, concurrency_limit: int, max_size: int | None) -> 
     return blocks
 
 
+def _queue_sleeps_while_idle(queue: Any) -> None:
+    """Gradio's queue loops (gradio 6.31's ``Queue.start_processing`` and
+    ``start_progress_updates``), woken by work instead of ticking while there is none.
+
+    Gradio's loop looks for an event to start every ``sleep_when_free`` (1 ms; the suite
+    sets 10 ms), and its progress loop every 10 ms, whether or not anything waits or
+    runs: ~0.6 % of a core per idle stand-in, and the suite keeps tens of them up for its
+    whole run. Here, while no event waits, the loop sleeps until one joins the queue
+    (``push`` sets ``arrived``); while no job runs, the progress loop sleeps until one
+    starts (``process_events`` sets ``started``). With work in hand both are Gradio's own,
+    step for step. Each looks at the queue and clears its wake-up with no ``await``
+    between, so no arrival or start is missed; the waits are bounded (1 s), so a
+    stopped queue's loops end. Other Gradio versions keep Gradio's own loops."""
+    if gr.__version__ != "6.31.0":
+        return
+    from gradio.utils import run_coro_in_background, set_task_name
+
+    arrived, started = asyncio.Event(), asyncio.Event()
+    push, process_events = queue.push, queue.process_events
+
+    async def push_and_wake(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return await push(*args, **kwargs)
+        finally:
+            arrived.set()
+
+    async def process_and_wake(*args: Any, **kwargs: Any) -> Any:
+        started.set()
+        return await process_events(*args, **kwargs)
+
+    async def until(event: asyncio.Event) -> None:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(event.wait(), 1.0)
+
+    async def start_processing() -> None:
+        self = queue
+        try:
+            while not self.stopped:
+                if len(self) == 0:
+                    arrived.clear()
+                    await until(arrived)
+                    continue
+                if None not in self.active_jobs:
+                    await asyncio.sleep(self.sleep_when_free)
+                    continue
+                async with self.delete_lock:
+                    event_batch = self.get_events()
+                if event_batch:
+                    events, batch, concurrency_id = event_batch
+                    self.active_jobs[self.active_jobs.index(None)] = events
+                    event_queue = self.event_queue_per_concurrency_id[concurrency_id]
+                    event_queue.current_concurrency += 1
+                    start_time = time.time()
+                    fn = events[0].fn
+                    event_queue.start_times_per_fn[fn].add(start_time)
+                    for event in events:
+                        if (a := self.event_analytics.get(event._id)) is not None:
+                            a["status"] = "processing"
+                    process_event_task = run_coro_in_background(
+                        self.process_events, events, batch, start_time, fn
+                    )
+                    set_task_name(
+                        process_event_task, events[0].session_hash, fn._id, events[0]._id, batch
+                    )
+                    self._asyncio_tasks.add(process_event_task)
+                    process_event_task.add_done_callback(self._asyncio_tasks.discard)
+                    if self.live_updates:
+                        self.broadcast_estimations(concurrency_id)
+                else:
+                    await asyncio.sleep(self.sleep_when_free)
+        finally:
+            self.stopped = True
+            self._cancel_asyncio_tasks()
+
+    async def start_progress_updates() -> None:
+        self = queue
+        while not self.stopped:
+            events = [evt for job in self.active_jobs if job is not None for evt in job]
+            if len(events) == 0:
+                started.clear()
+                await until(started)
+                continue
+            for event in events:
+                if event.progress_pending and event.progress:
+                    event.progress_pending = False
+                    self.send_message(event, event.progress)
+            await asyncio.sleep(self.progress_update_sleep_when_free)
+
+    queue.push, queue.process_events = push_and_wake, process_and_wake
+    queue.start_processing, queue.start_progress_updates = start_processing, start_progress_updates
+
+
 def build_space(
     name: str,
     *,
@@ -298,19 +414,34 @@ def build_space(
     concurrency_limit: int = 64,
     max_size: int | None = None,
     kind: str = "echo",
+    login: bool = False,
 ) -> fastapi.FastAPI:
-    """Build the ASGI app of one stand-in Space called ``name`` (serve it with uvicorn)."""
+    """Build the ASGI app of one stand-in Space called ``name`` (serve it with uvicorn);
+    ``login``: behind Gradio's own login, for the users of ``LOGIN_USERS``."""
     app = fastapi.FastAPI(title=f"stand-in Space {name}")
     # Placeholder app_id until the Blocks exists; replaced just below.
     meter = _Meter(name=name, app_id=0, config_delay_s=config_delay_s)
-    demo = _kind_builder(kind)(meter, concurrency_limit, max_size)
+    demo = _kind_builder(kind)(meter, concurrency_limit, None if max_size == 0 else max_size)
     meter.app_id = int(demo.app_id)
+    if max_size == 0:
+        queue = demo._queue
+
+        def no_room() -> bool:
+            queues = queue.event_queue_per_concurrency_id.values()
+            waiting = sum(len(q.queue) for q in queues)
+            running = sum(q.current_concurrency for q in queues)
+            return waiting + running >= concurrency_limit
+
+        meter.no_queue = no_room
     # Gradio's queue polls every 1 ms while it is empty (gradio/queueing.py
     # ``sleep_when_free``): ~3 % of a core per idle stand-in. The test suite keeps tens of
     # them up at once on 2 cores, so it sets a longer poll (tests/conftest.py); anything
     # else (benchmarks, scripts/run) gets Gradio's own.
+    # Under the same setting, while idle, the queue's loops sleep until there is work
+    # (_queue_sleeps_while_idle): an idle stand-in costs ~0.1 % of a core, not ~0.6 %.
     if idle_poll_s := os.environ.get("DEVSPACES_IDLE_POLL_S"):
         demo._queue.sleep_when_free = float(idle_poll_s)
+        _queue_sleeps_while_idle(demo._queue)
 
     @app.get("/_stand_in/stats")
     async def stats() -> dict[str, Any]:
@@ -320,6 +451,11 @@ def build_space(
     async def intervals() -> list[tuple[float, float]]:
         with meter.lock:
             return list(meter.intervals)
+
+    @app.get("/_stand_in/calls")
+    async def calls() -> list[tuple[float, float, str]]:
+        with meter.lock:
+            return list(meter.calls)
 
     @app.post("/_stand_in/reset")
     async def reset() -> dict[str, Any]:
@@ -338,10 +474,13 @@ def build_space(
                 meter.config_429_until = time.time() + body.config_429_s
             if body.require_token is not None:
                 meter.token = body.require_token or None
+            if body.refuse_next is not None:
+                meter.refuse_next = body.refuse_next
         return meter.snapshot()
 
     app.add_middleware(_Misbehave, meter=meter)
     mounted: fastapi.FastAPI = gr.mount_gradio_app(
-        app, demo, path="/", run_history=False, ssr_mode=False
-    )
+        app, demo, path="/", run_history=False, ssr_mode=False,
+        auth=list(LOGIN_USERS) if login else None,
+    )  # fmt: skip
     return mounted

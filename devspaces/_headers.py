@@ -2,14 +2,17 @@
 
 Endpoints, every one counted by the meter like ``/echo``:
 
-* ``/headers`` — (text, delay_s) in, after ``delay_s`` the ``x-*`` headers of the call's
-  queue join out (``gr.Request``), as a JSON object: which caller's headers reached it;
+* ``/headers`` — (text, delay_s) in, after ``delay_s`` the ``x-*`` headers (and a W3C
+  ``traceparent``) of the call's queue join out (``gr.Request``), as a JSON object:
+  which caller's headers reached it;
 * ``/copy`` — a file in (``gr.File(type="filepath")``), a file out: the same bytes
   followed by a line naming the ``x-caller`` header of the call — an upload and a
   download in one call;
 * ``/report`` — (text, steps) in: ``gr.Info`` and ``gr.Warning`` messages and a
   ``gr.Progress`` bar of ``steps`` steps, then ``"done:<text>"`` — the protocol's
   ``log`` and ``progress`` messages;
+* ``/event_data`` — text in, the ``event_data`` of the call's join out (``gr.EventData``,
+  which Gradio builds from it): what a client sent beside ``data``;
 * ``/echo`` — the text stand-in's signature (text, delay_s).
 
 Headers of the other requests of a call (data stream, upload, download, cancel) never
@@ -39,7 +42,8 @@ def headers_blocks(meter: _Meter, concurrency_limit: int, max_size: int | None) 
         try:
             await act_out(name, mode)
             await asyncio.sleep(max(0.0, float(delay_s or 0)))
-            return {k: v for k, v in request.headers.items() if k.lower().startswith("x-")}
+            return {k: v for k, v in request.headers.items()
+                    if k.lower().startswith("x-") or k.lower() == "traceparent"}  # fmt: skip
         finally:
             meter.leave(started)
 
@@ -70,6 +74,13 @@ def headers_blocks(meter: _Meter, concurrency_limit: int, max_size: int | None) 
         finally:
             meter.leave(started)
 
+    def event_data(text: str, event: gr.EventData) -> dict[str, Any]:
+        _, started = meter.enter()
+        try:
+            return {"text": text, "event_data": event._data}
+        finally:
+            meter.leave(started)
+
     with gr.Blocks(title=f"stand-in Space {name} (headers)") as demo:
         text = gr.Textbox(label="text")
         delay = gr.Number(label="delay_s", value=0.0)
@@ -80,6 +91,7 @@ def headers_blocks(meter: _Meter, concurrency_limit: int, max_size: int | None) 
         gr.Button("headers").click(headers, [text, delay], shown, api_name="headers")
         gr.Button("copy").click(copy, file_in, file_out, api_name="copy")
         gr.Button("report").click(report, [text, delay], out, api_name="report")
+        gr.Button("event").click(event_data, text, shown, api_name="event_data")
         gr.Button("echo").click(echo, [text, delay], out, api_name="echo")
     demo.queue(default_concurrency_limit=concurrency_limit, max_size=max_size)
     blocks: gr.Blocks = demo

@@ -2,7 +2,10 @@
 
 Each Space is ``python -m devspaces serve ...`` under uvicorn on 127.0.0.1. The parent
 never imports gradio: this module needs only httpx, so a test process that merely
-points a pool at stand-ins stays light.
+points a pool at stand-ins stays light. That command is run by forking a per-process
+zygote that imported gradio once (``devspaces/_zygote.py``: ~0.25 s of CPU per Space
+instead of ~2.5 s); ``DEVSPACES_ZYGOTE=0``, or a command of its own (a Space in a
+network namespace), spawns it as a process of its own as below.
 
 No orphans. A child asks the kernel (``prctl(PR_SET_PDEATHSIG, SIGKILL)``, Linux only,
 in a ``preexec_fn``) to be killed when its parent goes, so a test run killed with
@@ -20,6 +23,7 @@ not move the offset the child writes at) when a start fails.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import ctypes
 import ctypes.util
@@ -40,9 +44,14 @@ from typing import IO, Any, Literal, Self
 
 import httpx
 
+from devspaces._zygote import ForkedSpace, Zygote
+
 Mode = Literal["ok", "queue_full", "hang", "raise", "probe_fail"]
 
 HOST = "127.0.0.1"
+# The users of a stand-in Space behind Gradio's login (SpaceProcess(login=True)):
+# (username, password), the first for the pool (POOL_SPACE_AUTH), the second for a caller.
+LOGIN_USERS = (("spacepool", "pool-pass-41c9e7"), ("alice", "alice-pass-8e2d05"))
 DEFAULT_NAMES = (
     "alpha", "beta", "gamma", "delta", "epsilon", "zeta",
     "eta", "theta", "iota", "kappa", "lambda", "mu",
@@ -73,6 +82,9 @@ class SpaceStats:
     unauthorized: int = 0
 
 
+_PORT_ATTEMPTS = 3  # a Space on a port of its own choosing tries this many ports
+
+
 def free_port() -> int:
     """A TCP port on 127.0.0.1 that was free a moment ago."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
@@ -82,11 +94,14 @@ def free_port() -> int:
 
 
 def child_env() -> dict[str, str]:
-    """Environment for a child Space: no telemetry, no Hub, no proxies, repo importable."""
+    """Environment for a child Space: no telemetry, no Hub, no proxies, repo importable;
+    not the service's uvicorn settings (``WEB_CONCURRENCY=2 scripts/run`` made each
+    stand-in's uvicorn ask for workers, which it refuses: the demo did not start)."""
     env = {
         key: value
         for key, value in os.environ.items()
-        if key.lower() not in {"http_proxy", "https_proxy", "all_proxy"}
+        if key.lower() not in {"http_proxy", "https_proxy", "all_proxy", "web_concurrency"}
+        and not key.startswith("UVICORN_")
     }
     env.update(
         GRADIO_ANALYTICS_ENABLED="False",
@@ -128,24 +143,70 @@ _spawner: ThreadPoolExecutor | None = None
 _spawner_lock = threading.Lock()
 
 
-def _spawn(command: list[str], log: IO[bytes]) -> subprocess.Popen[bytes]:
-    """Fork ``command`` from the long-lived spawner thread (see module docstring)."""
+_zygote: Zygote | None = None
+_SERVE = ["-m", "devspaces", "serve"]
+
+
+def _spawner_thread() -> ThreadPoolExecutor:
     global _spawner
     with _spawner_lock:
         if _spawner is None:
             _spawner = ThreadPoolExecutor(max_workers=1, thread_name_prefix="devspaces-spawn")
-        spawner = _spawner
-    return spawner.submit(
-        subprocess.Popen,
-        command,
-        stdin=subprocess.DEVNULL,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        env=child_env(),
-        cwd=_REPO_ROOT,
-        start_new_session=False,
-        preexec_fn=_die_with_parent(),  # safe here: see module docstring
-    ).result()
+        return _spawner
+
+
+def _popen(command: list[str], stdin: Any, log: IO[bytes]) -> subprocess.Popen[bytes]:
+    """Fork ``command`` from the long-lived spawner thread (see module docstring)."""
+    return (
+        _spawner_thread()
+        .submit(
+            subprocess.Popen,
+            command,
+            stdin=stdin,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=child_env(),
+            cwd=_REPO_ROOT,
+            start_new_session=False,
+            preexec_fn=_die_with_parent(),  # safe here: see module docstring
+        )
+        .result()
+    )
+
+
+def _forking() -> Zygote:
+    """This process's zygote (``_zygote``), started on first use or again if it died."""
+    global _zygote
+    with _zygote_lock:
+        if _zygote is None or not _zygote.alive():
+            if _zygote is not None:
+                _zygote.close()
+            log = tempfile.TemporaryFile()  # noqa: SIM115 - lives as long as the zygote
+            command = [sys.executable, "-m", "devspaces", "zygote"]
+            _zygote = Zygote(lambda sock: _popen(command, sock, log), log)
+        return _zygote
+
+
+_zygote_lock = threading.Lock()
+
+
+@atexit.register
+def _end_zygote() -> None:
+    """At exit, the zygote ends its Spaces and is waited for (no zombie, CPU counted)."""
+    if _zygote is not None:
+        _zygote.close(wait_s=10.0)
+
+
+def _spawn(command: list[str], log: IO[bytes]) -> subprocess.Popen[bytes] | ForkedSpace:
+    """Start ``command``: a plain ``devspaces serve`` is forked by the zygote (no
+    ``import gradio`` of its own; ``DEVSPACES_ZYGOTE=0`` turns that off), anything else
+    (a Space in a network namespace, say) is its own process."""
+    if command[1:4] == _SERVE and command[0] == sys.executable and _ZYGOTE_ON:
+        return _forking().spawn(command[3:], child_env(), log)
+    return _popen(command, subprocess.DEVNULL, log)
+
+
+_ZYGOTE_ON = os.environ.get("DEVSPACES_ZYGOTE", "1") != "0"
 
 
 def _http() -> httpx.Client:
@@ -169,18 +230,31 @@ class SpaceProcess:
         startup_timeout_s: float = 180.0,
         wait: bool = True,
         kind: str = "echo",
+        login: bool = False,
     ) -> None:
         self.name = name
         self.kind = kind
+        self.login = login  # behind Gradio's own login: LOGIN_USERS
         self.port = port if port is not None else free_port()
         self.config_delay_s = config_delay_s
         self.concurrency_limit = concurrency_limit
         self.max_size = max_size
         self.startup_timeout_s = startup_timeout_s
         self.app_id: int | None = None
-        self._proc: subprocess.Popen[bytes] | None = None
+        self._proc: subprocess.Popen[bytes] | ForkedSpace | None = None
         self._log: IO[bytes] | None = None
-        self.start(wait=wait)
+        for attempt in range(1, _PORT_ATTEMPTS + 1):
+            try:
+                self.start(wait=wait)
+                return
+            except SpaceStartError as exc:
+                # A port free a moment ago (free_port) can be taken by another process
+                # before the child binds it: a port we chose is chosen again.
+                if port is not None or "address already in use" not in str(exc):
+                    raise
+                if attempt == _PORT_ATTEMPTS:
+                    raise
+                self.port = free_port()
 
     @property
     def url(self) -> str:
@@ -208,6 +282,8 @@ class SpaceProcess:
         ]  # fmt: skip
         if self.max_size is not None:
             cmd += ["--max-size", str(self.max_size)]
+        if self.login:
+            cmd.append("--login")
         return cmd
 
     def start(self, *, wait: bool = True) -> None:
@@ -300,6 +376,14 @@ class SpaceProcess:
         response.raise_for_status()
         return [(float(a), float(b)) for a, b in response.json()]
 
+    def calls(self) -> list[tuple[float, float, str]]:
+        """(start, end, text) of the /echo calls that finished since the last reset, on
+        the Space's own clock."""
+        with _http() as http:
+            response = http.get(f"{self.url}_stand_in/calls")
+        response.raise_for_status()
+        return [(float(a), float(b), str(t)) for a, b, t in response.json()]
+
     def reset(self) -> SpaceStats:
         """Zero peak, total and config_requests (peak restarts from calls in flight)."""
         return self._stand_in("POST", "reset")
@@ -311,13 +395,17 @@ class SpaceProcess:
         mode: Mode | None = None,
         config_429_s: float | None = None,
         require_token: str | None = None,
+        refuse_next: int | None = None,
     ) -> SpaceStats:
         """Change how the running Space behaves; ``None`` leaves a setting as it is.
 
         ``config_429_s``: ``/config`` answers 429 with ``Retry-After`` for that long from
         now (a Hub rate limit); ``require_token``: every request needs
-        ``x-hf-authorization: Bearer <token>`` or gets 401 (a private Space; "" opens it)."""
+        ``x-hf-authorization: Bearer <token>`` or gets 401 (a private Space; "" opens it);
+        ``refuse_next``: the next N queue joins get 503 "Queue is full" (a racy refusal)."""
         body: dict[str, Any] = {}
+        if refuse_next is not None:
+            body["refuse_next"] = refuse_next
         if config_429_s is not None:
             body["config_429_s"] = config_429_s
         if require_token is not None:

@@ -1,4 +1,4 @@
-"""spacepool: warm gradio_client connections to Gradio Spaces, behind one admission.
+"""spacepool: warm connections to Gradio Spaces, behind one admission.
 
     from pool import get_client, get_pool
 
@@ -64,15 +64,15 @@ from ._exceptions import (
     UpstreamTransportError,
     UserLimitReached,
 )
-from ._files import LocalFile, file_arg, is_file_data
-from ._guard import check_outbound
-from ._handle import Partial, PooledClient, PooledJob
 from ._pool import Pool
-from ._request import Prediction
+from ._request import Prediction, PredictOptions
 from ._sessions import PoolSession
 from ._settings import PoolSettings
-from ._spaces import SpaceSpec, parse_space, parse_spaces
+from ._spaces import Login, SpaceSpec, parse_space, parse_spaces
 from .admission import WaitTicket
+from .connections._downloads import LocalFile, is_file_data
+from .connections._guard import check_outbound
+from .connections._handle import Partial, PooledClient, PooledJob
 from .transport import (
     ProgressUnit,
     UpstreamDone,
@@ -82,6 +82,7 @@ from .transport import (
     UpstreamProgress,
     UpstreamQueued,
     UpstreamStarted,
+    file_arg,
 )
 
 _pool: Pool | None = None
@@ -133,6 +134,7 @@ __all__ = [
     "InvalidRequest",
     "LeaseLost",
     "LocalFile",
+    "Login",
     "MisuseError",
     "NoHealthySpaceError",
     "Partial",
@@ -144,6 +146,7 @@ __all__ = [
     "PoolSettings",
     "PooledClient",
     "PooledJob",
+    "PredictOptions",
     "Prediction",
     "ProgressUnit",
     "QuotaExceeded",

@@ -99,7 +99,7 @@ class QuotaExceeded(BusyError):
 
     The quota belongs to the user (``x-ip-token``), not the Space: the call is not
     retried nor sent elsewhere, and the Space's window and breaker do not move.
-    ``retry_after_s`` is the wait the Space named (pool/_quota.py).
+    ``retry_after_s`` is the wait the Space named (pool/transport/_quota.py).
     """
 
     kind = "quota_exceeded"

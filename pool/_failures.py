@@ -47,6 +47,9 @@ FAILURES: dict[str, Failure] = {
     "transport": Failure(provider=True, reopen=True, retry=True),
     "http_5xx": Failure(provider=True, reopen=True, retry=True),
     "rate_limited": Failure(provider=True, reopen=True, retry=True),
+    # an earlier 429's Retry-After is not over: nothing was asked of the Space, so
+    # nothing is learned (a caller retrying meanwhile must not open its breaker)
+    "rate_limit_wait": Failure(retry=True),
     "queue_full": _PROVIDER,
     # the Space did not answer within the caller's deadline
     "deadline": Failure(provider=True),
@@ -59,7 +62,7 @@ FAILURES: dict[str, Failure] = {
     "paused": Failure(down=True),
     "space_error": Failure(down=True),
     # a ZeroGPU Space refused the caller's identity (its GPU quota): the user's limit,
-    # not the Space's; neutral, never retried nor failed over (pool/_quota.py)
+    # not the Space's; neutral, never retried nor failed over (pool/transport/_quota.py)
     "quota_exceeded": Failure(),
 }
 _NEUTRAL = Failure()  # the caller's own error, a policy refusal, the app raising, ...

@@ -31,8 +31,8 @@ import math
 from collections.abc import Awaitable, Callable
 
 from ._exceptions import UserLimitReached
-from ._routing import ANONYMOUS
 from .admission import SharedValues
+from .routing._routing import ANONYMOUS
 
 Alive = Callable[[str], Awaitable[float | None]]
 """A member's check: None when it ended, else the seconds it may still last at most

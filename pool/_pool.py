@@ -1,34 +1,19 @@
-"""The pool: Spaces, admission, routing, health — and ``get_client`` on top.
+"""The pool: lifecycle and composition — the one object a caller holds.
 
-One request goes through these steps, each owned by one object, each bounded by the
-request's deadline (``timeout=``) when it has one:
+:class:`Pool` builds the layers (README, "How it is built") and wires each the narrow
+things it needs; it decides nothing itself:
 
-1. route — :class:`~pool._routing.Router` orders the candidate Spaces, among those up
-   whose shared circuit breaker admits work (:mod:`pool.resilience`); after a
-   breaker's cool-down one request is its half-open probe;
-2. wake — a Space with no live connection that the Hub reports asleep is woken and
-   waited for within its wake deadline (no slot is held meanwhile);
-3. admit — the coordinator grants ``backend:global`` + ``space:<name>`` (whose limit
-   is the Space's adaptive window) + ``consumer:<hash>`` (``consumer:anonymous`` for
-   every caller without an email) all at once, FIFO, within the queue deadline;
-4. check out — the Space's :class:`~pool._space_pool.SpacePool` hands over an
-   exclusive connection, opening one if needed (lazy start, growth to the max);
-5. release — on every exit path one shielded task detaches the handle, returns (or
-   discards) the connection, releases the lease and feeds the outcome (success,
-   provider failure, neutral) to the shared window and breaker. A second cancel
-   cannot cut it short; the caller waits for it until its deadline at most.
+* ``pool/transport`` — the opener (native, falling back to gradio_client);
+* ``pool/connections`` — one :class:`~pool.connections._space_pool.SpacePool` per Space;
+* ``pool/routing`` — :class:`~pool.routing._choice.Choice` (which Space), the pins, apps;
+* ``pool/resilience`` — the shared health board (windows, breakers) and the waker;
+* ``pool/admission`` — the coordinator (slots, leases, shared values);
+* on top: :class:`~pool._attempt.Attempts` (one attempt: route, wake, admit, check out,
+  release), :class:`~pool._request.RequestPath` (a call over attempts: retries, the
+  deadline, partials, events, files), :class:`~pool._sessions.Sessions`
+  (conversations), upkeep and statistics.
 
-Every failure goes through one path (:meth:`Pool._space_failed`), which reads the
-one table of failure kinds (:mod:`pool._failures`): a failure before the call is
-placed marks the Space down for a cool-down and the request moves on to the next
-candidate (SPEC 4.4). :meth:`Pool.predict` is :class:`~pool._request.RequestPath`'s:
-the retry policy, the deadline, partials, events and files over such attempts.
-
-The layers, bottom up: ``pool/transport/`` (the Gradio wire protocol, no admission),
-``_native.py`` / ``_legacy.py`` (a connection's client on either transport),
-``_connection.py`` and ``_space_pool.py`` (connections of one Space),
-``_handle.py`` (a leased connection), this module (routing, admission, lifecycle),
-``_request.py`` (a call over attempts).
+:meth:`Pool.client` is one attempt; :meth:`Pool.predict` is the request path's.
 """
 
 from __future__ import annotations
@@ -36,93 +21,103 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import hashlib
+import hmac
 import logging
 import os
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
-from typing import Any, TypeVar
+from typing import Any
 
 import httpx
 
-from ._apps import Apps
+from ._attempt import Attempts
 from ._clock import SYSTEM_CLOCK, Clock
-from ._connection import ClientFactory, Connection, gradio_factory, quiet_gradio_env
-from ._events import Hook, PoolEvent, emit
+from ._consumer import scoped
+from ._events import Hook
 from ._exceptions import (
-    BusyError,
-    DeadlineExceeded,
-    LeaseLost,
     MisuseError,
-    NoHealthySpaceError,
     PoolClosedError,
-    PoolError,
-    RefusedByPolicy,
-    UnknownEndpoint,
     UnknownSpace,
-    UpstreamTransportError,
 )
-from ._failures import failure
-from ._handle import Partial, PooledClient
-from ._native import NativeFactory
-from ._request import Prediction, RequestPath
-from ._routing import ANONYMOUS, Router, user_key
-from ._scheduling import classed_ticket, queue_timeout_for
+from ._request import Prediction, PredictOptions, RequestPath
 from ._sessions import PoolSession, Sessions
 from ._settings import PoolSettings
-from ._space_pool import SpacePool
-from ._spaces import SpaceSpec, parse_spaces
+from ._spaces import Login, SpaceSpec, parse_spaces, with_logins
 from ._stats import Shared, Stats
 from ._threads import shutdown_executor
+from ._trace import on_event as on_trace_event
+from ._trace import span
 from ._upkeep import Upkeep
 from .admission import (
     CONSUMER_PREFIX,
     GLOBAL_RESOURCE,
-    SPACE_PREFIX,
     Coordinator,
-    Lease,
     WaitTicket,
     open_coordinator,
 )
+from .admission._live_waits import WaitingCoordinator
 from .admission._protocol import new_id
+from .connections._handle import Partial, PooledClient
+from .connections._space_pool import SpacePool
 from .resilience import (
     HealthBoard,
     HealthParams,
     HubSpaceControl,
-    Outcome,
     RetryPolicy,
     SpaceControl,
     WakePolicy,
     Waker,
-    http_probe,
     resource_cap,
 )
-from .transport import UpstreamEvent
+from .routing._apps import Apps
+from .routing._choice import Choice
+from .routing._routing import ANONYMOUS, Router, user_key
+from .transport import (
+    FallbackOpener,
+    GradioFactory,
+    NativeOpener,
+    SpaceOpener,
+    UpstreamEvent,
+    quiet_gradio_env,
+)
+
+ClientFactory = Callable[[str], Any]
+"""Opens a ``gradio_client.Client`` (or a compatible object) for a source URL or id,
+blocking (run in the pool's I/O threads): the fallback transport for every Space."""
 
 _log = logging.getLogger("spacepool")
-_T = TypeVar("_T")
-_SPACE_COOLDOWN_S = 30.0
 _CLOSE_WAIT_S = 5.0  # aclose() waits this long at most for the I/O threads to end
-_RELEASE_GRACE_S = 0.25  # a caller past its deadline still waits this long for release
 _CONNECT_BACKOFF_S = (0.5, 4.0)  # opening a connection again: base and cap of the backoff
 
 
-def _log_failure(task: asyncio.Task[Any]) -> None:
-    """Report the error of a release task that nobody awaits any more."""
-    if not task.cancelled() and (exc := task.exception()) is not None:
-        _log.error("a release failed after its caller left: %r", exc)
-
-
-def _detach(tasks: set[asyncio.Task[Any]], work: Coroutine[Any, Any, Any]) -> None:
-    """Run ``work`` alone, kept in ``tasks`` (which ``aclose`` waits for)."""
-    task = asyncio.get_running_loop().create_task(work)
-    tasks.add(task)
-    task.add_done_callback(tasks.discard)
-    task.add_done_callback(_log_failure)
+def _opener(
+    s: PoolSettings, token: str | None, client_factory: ClientFactory | None,
+    executor: ThreadPoolExecutor, logins: dict[str, Login],
+) -> SpaceOpener:  # fmt: skip
+    """The transport: native, falling back to gradio_client for a Space whose protocol
+    it does not speak; gradio_client alone with ``POOL_TRANSPORT=gradio_client`` or a
+    ``client_factory``. ``logins``: by Space source, for Spaces behind Gradio's login."""
+    fallback = FallbackOpener(
+        client_factory or GradioFactory(
+            token=token, connect_timeout_s=s.connect_timeout_s,
+            read_timeout_s=s.read_timeout_s, max_workers=s.client_max_workers,
+            logins=logins,
+        ),
+        executor,
+    )  # fmt: skip
+    if client_factory is not None or s.transport != "native":
+        return fallback
+    return NativeOpener(
+        token=token, connect_timeout_s=s.connect_timeout_s, read_timeout_s=s.read_timeout_s,
+        min_size=s.min_connections, max_size=s.max_connections, fallback=fallback,
+        executor=executor, logins=logins,
+    )  # fmt: skip
 
 
 class Pool:
-    """Warm gradio_client connections for several Spaces behind one admission."""
+    """Warm connections to several Spaces behind one admission."""
 
     def __init__(
         self,
@@ -135,7 +130,8 @@ class Pool:
         clock: Clock | None = None,
     ) -> None:
         self.settings = s = settings or PoolSettings()
-        self._specs = spaces if spaces is not None else parse_spaces(s.space_entries())
+        specs = spaces if spaces is not None else parse_spaces(s.space_entries())
+        self._specs = with_logins(specs, s.space_logins())
         if not self._specs:
             raise ValueError("no Spaces configured: set POOL_SPACES")
         token = s.hf_token.get_secret_value() if s.hf_token else None
@@ -146,19 +142,8 @@ class Pool:
         # never on the loop nor in its default executor: our own executor (threads
         # start on first use), so that aclose() can end its threads.
         self._executor = ThreadPoolExecutor(16, thread_name_prefix="spacepool-io")
-        fallback = gradio_factory(
-            token=token,
-            connect_timeout_s=s.connect_timeout_s,
-            read_timeout_s=s.read_timeout_s,
-            max_workers=s.client_max_workers,
-        )
-        self._factory: ClientFactory = client_factory or fallback
-        if client_factory is None and s.transport == "native":
-            self._factory = NativeFactory(
-                token=token, connect_timeout_s=s.connect_timeout_s,
-                read_timeout_s=s.read_timeout_s, min_size=s.min_connections,
-                max_size=s.max_connections, fallback=fallback, executor=self._executor,
-            )  # fmt: skip
+        logins = {spec.src: spec.login for spec in self._specs if spec.login is not None}
+        self._opener = _opener(s, token, client_factory, self._executor, logins)
         self._control: SpaceControl = space_control or HubSpaceControl(
             token, executor=self._executor, clock=self.clock
         )
@@ -173,28 +158,55 @@ class Pool:
             self.spaces, s, self.router, self.clock, new_id(), self.resource_cap.cap
         )
         self.hooks.append(self._stats.on_event)
+        self.hooks.append(on_trace_event)  # admission waits, retries, failovers in traces
         self._upkeep = Upkeep(self.spaces, s, self.hooks, self.clock, self._stats.publish)
         self._secret: bytes = b""
         self._started = False
         self._start_lock: asyncio.Lock | None = None
         self._closed = False
         self._http: httpx.AsyncClient | None = None
-        self._handles: set[PooledClient] = set()  # leased now (aclose cancels their jobs)
-        self._detached: set[asyncio.Task[Any]] = set()  # releases that outlive their await
         self._api_info: dict[str, tuple[object, dict[str, Any]]] = {}  # name → (app_id, info)
-        # Retries, deadline, partials, events, files: the call over admitted attempts.
-        self.requests = RequestPath(self.client, s, self.retry_policy, self.hooks, self.clock)
 
     @functools.cached_property
     def sessions(self) -> Sessions:
         """Conversations: one Space, one upstream session each (pool/_sessions.py)."""
-        return Sessions(self)
+        return Sessions(
+            values=lambda: self.coordinator.values, spaces=self.spaces, clock=self.clock,
+            idle_s=self.settings.session_idle_s, hash_user=self.hash_user,
+            choose=lambda user: self.choice.for_session(user),
+        )  # fmt: skip
+
+    @functools.cached_property
+    def attempts(self) -> Attempts:
+        """One attempt's route, wake, admission, checkout and release (pool/_attempt.py)."""
+        assert self._http is not None, "started"
+        return Attempts(
+            settings=self.settings, spaces=self.spaces, choice=self.choice, apps=self.apps,
+            router=self.router, waker=self.waker, board=self.board,
+            coordinator=WaitingCoordinator(self.coordinator, self._stats.live_waits),
+            sessions=self.sessions, hooks=self.hooks,
+            clock=self.clock, http=self._http, hash_user=self.hash_user,
+        )  # fmt: skip
+
+    @functools.cached_property
+    def requests(self) -> RequestPath:
+        """Retries, deadline, partials, events, files: a call over attempts."""
+        return RequestPath(self.attempts.lease, self.settings, self.retry_policy, self.hooks,
+                           self.clock)  # fmt: skip
+
+    @functools.cached_property
+    def choice(self) -> Choice:
+        """Which Space serves each attempt (pool/routing/_choice.py)."""
+        return Choice(spaces=self.spaces, board=self.board, apps=self.apps,
+                      router=self.router, hooks=self.hooks, clock=self.clock)  # fmt: skip
 
     @functools.cached_property
     def apps(self) -> Apps:
-        """The Spaces' apps and replicas; routing's ambiguity check (pool/_apps.py)."""
+        """The Spaces' apps and replicas; routing's ambiguity check (pool/routing/_apps.py)."""
         return Apps(
-            self.spaces, self.settings.connect_timeout_s, self._space_failed, self.waker.stage
+            self.spaces, self.settings.connect_timeout_s,
+            lambda sp, error, *, placed: self.attempts.space_failed(sp, error, placed=placed),
+            self.waker.stage,
         )
 
     def _space_pools(self) -> dict[str, SpacePool]:
@@ -205,8 +217,7 @@ class Pool:
                 spec,
                 min_size=s.min_connections,
                 max_size=s.max_connections,
-                factory=self._factory,
-                executor=self._executor,
+                opener=self._opener,
                 reopen=reopen,
                 clock=self.clock,
             )
@@ -299,25 +310,23 @@ class Pool:
             return
         self._closed = True
         await self._upkeep.aclose()
-        for handle in list(self._handles):
+        attempts: Attempts | None = self.__dict__.get("attempts")  # made once started
+        for handle in list(attempts.handles if attempts else ()):
             # Jobs still running are cancelled upstream before their connections are
             # cut (the close waits for the cancels): a Space does not drop a running
             # job when its stream goes, and the slot being released must be free there.
             handle._cancel_jobs(closing=True)
         for sp in self.spaces.values():
             sp.close_nowait()
-        cut_opening = getattr(self._factory, "cut_opening", None)
-        if cut_opening is not None:  # Clients under construction fail now, not at timeout
-            cut_opening()
+        self._opener.cut_opening()  # clients under construction fail now, not at timeout
         await asyncio.gather(*(sp.aclose() for sp in self.spaces.values()))
-        if self._detached:  # releases still on their way to the store
+        if attempts is not None and attempts.detached:  # releases on their way to the store
             with contextlib.suppress(TimeoutError):
                 async with self.clock.timeout(_CLOSE_WAIT_S):
-                    await asyncio.wait(self._detached)
+                    await asyncio.wait(attempts.detached)
         with contextlib.suppress(Exception):
             await self._stats.withdraw()
-        if isinstance(self._factory, NativeFactory):  # the Spaces' HTTP clients
-            await self._factory.aclose()
+        await self._opener.aclose()  # the Spaces' HTTP clients
         if self._http is not None:
             await self._http.aclose()
         if self._coordinator is not None and self._owns_coordinator:
@@ -333,7 +342,15 @@ class Pool:
             return None
         if not self._secret:
             raise MisuseError("hash_user() needs a started pool (await pool.start())")
-        return user_key(self._secret, email)
+        return user_key(self._secret, scoped(email))  # within its consumer (an API key)
+
+    def sign(self, message: str) -> str:
+        """An HMAC-SHA256 (hex) of ``message`` under the fleet's shared secret, the key of
+        :meth:`hash_user`: a token any process of the fleet can check (the Gradio
+        front's login cookie)."""
+        if not self._secret:
+            raise MisuseError("sign() needs a started pool (await pool.start())")
+        return hmac.new(self._secret, message.encode(), hashlib.sha256).hexdigest()
 
     @contextlib.asynccontextmanager
     async def client(
@@ -362,98 +379,10 @@ class Pool:
         from :meth:`open_session` (its Space, its upstream state; :mod:`pool._sessions`).
         """
         await self.start()
-        record = None if session is None else await self.sessions.resolve(session, email, space)
-        space = space if record is None else record.space
-        if space is not None and space not in self.spaces:
-            raise UnknownSpace(space, list(self.spaces))
-        user = self.hash_user(email)
-        now = self.clock.now()
-        ticket = classed_ticket(self.settings, ticket, None)
-        queue_by = now + queue_timeout_for(self.settings, ticket, queue_timeout_s)
-        by = None if wake_limit_s is None else now + wake_limit_s
-        lease, sp, conn = await self._admit_and_checkout(
-            user, space, queue_by, by, ticket, avoid, api_name
-        )
-        handle = self._handle_for(sp, conn, lease)
-        started = self.clock.now()
-        outcome = "ok"
-        try:
-            if record is not None:
-                await self.sessions.attach(sp, conn, record)
+        async with self.attempts.lease(
+            email, space, queue_timeout_s, ticket, avoid, wake_limit_s, api_name, session
+        ) as handle:
             yield handle
-        except PoolError as exc:
-            outcome = exc.kind
-            if isinstance(exc, RefusedByPolicy):
-                emit(self.hooks, PoolEvent("policy", sp.name, exc.reason))
-            raise
-        except asyncio.CancelledError:
-            outcome = "cancelled"
-            raise
-        except BaseException:
-            outcome = "caller_error"
-            raise
-        finally:
-            release = self._release(sp, conn, lease, handle, outcome, self.clock.now() - started)
-            await self._await_detached(release, by)
-
-    def _handle_for(self, sp: SpacePool, conn: Connection, lease: Lease) -> PooledClient:
-        s = self.settings
-        handle = PooledClient(
-            conn,
-            sp.name,
-            lambda c: self._space_failed(sp, c.error, placed=True),
-            self._executor,
-            guard=s.secret_guard == "on" or (s.secret_guard == "auto" and sp.spec.is_hub),
-            lease=lease,
-            http=self._http,
-            file_max_bytes=s.file_max_bytes,
-            stream_keep=s.stream_keep,
-            clock=self.clock,
-        )
-        lease.on_lost(functools.partial(self._lease_lost, sp.name, handle))
-        self._handles.add(handle)
-        return handle
-
-    async def _release(
-        self,
-        sp: SpacePool,
-        conn: Connection,
-        lease: Lease,
-        handle: PooledClient,
-        outcome: str,
-        held_s: float,
-    ) -> None:
-        """Every step of a release, in one task (so no second cancel skips one)."""
-        self._handles.discard(handle)
-        if (seen := handle.upstream_queue()) is not None:
-            sp.saw_queue(*seen, self.clock.wall())
-        sp.checkin(conn, discard=handle._detach())
-        if lease.lost is None:
-            await self.coordinator.release(lease)  # a store outage: the store retries it
-        else:  # the store is likely out of reach: answer the caller now (issue 22)
-            _detach(self._detached, self.coordinator.release(lease))
-        emit(self.hooks, PoolEvent("finished", sp.name, outcome, held_s))
-        await self._record(sp.name, handle.outcome)
-
-    async def _await_detached(
-        self, work: Coroutine[Any, Any, _T], by: float | None = None
-    ) -> _T | None:
-        """Run ``work`` in a task of its own that a cancel of ours does not stop; wait for
-        it until ``by`` (at least ``_RELEASE_GRACE_S``); past that it goes on alone
-        (and ``aclose`` waits for it). None if it was left running."""
-        task = asyncio.get_running_loop().create_task(work)
-        self._detached.add(task)
-        task.add_done_callback(self._detached.discard)
-        wait = None if by is None else max(by - self.clock.now(), _RELEASE_GRACE_S)
-        try:
-            async with self.clock.timeout(wait):
-                return await asyncio.shield(task)
-        except TimeoutError:
-            task.add_done_callback(_log_failure)  # it goes on alone
-            return None
-        except asyncio.CancelledError:
-            task.add_done_callback(_log_failure)
-            raise
 
     async def predict(
         self,
@@ -475,13 +404,16 @@ class Pool:
         priority: str | None = None,
     ) -> Prediction:
         """One predict with retries, failover, one deadline, partials, events and files
-        (:meth:`pool._request.RequestPath.predict` says what each argument does)."""
-        return await self.requests.predict(
-            api_name, *args, email=email, space=space, kwargs=kwargs, timeout=timeout,
+        (:class:`pool._request.PredictOptions` says what each argument does)."""
+        options = PredictOptions(
+            email=email, space=space, kwargs=kwargs or {}, timeout=timeout,
             queue_timeout_s=queue_timeout_s, safe_to_retry=safe_to_retry, ticket=ticket,
             on_admitted=on_admitted, download_to=download_to, on_partial=on_partial,
             headers=headers, on_event=on_event, session=session, priority=priority,
         )  # fmt: skip
+        await self.start()
+        with span("spacepool.predict", api_name=api_name, space=space):  # pool/_trace.py
+            return await self.requests.predict(api_name, args, options)
 
     async def open_session(
         self, email: str | None, space: str | None = None, *, limit: int | None = None
@@ -490,253 +422,26 @@ class Pool:
         (:mod:`pool._sessions`); it expires after ``POOL_SESSION_IDLE_S`` without a call.
         ``limit``: the sessions one user may hold open (anonymous callers: one user);
         :class:`~pool.UserLimitReached` at it."""
+        await self.start()
         return await self.sessions.open(email, space, limit=limit)
 
-    async def _admit_and_checkout(
-        self,
-        user: str | None,
-        space: str | None,
-        queue_by: float,
-        by: float | None,
-        ticket: WaitTicket | None,
-        avoid: Sequence[str],
-        api_name: str | None,
-    ) -> tuple[Lease, SpacePool, Connection]:
-        """Route, wake, admit, check out; a failure before the call fails over."""
-        tried: list[str] = []
-        last_error: PoolError | None = None
-        while True:
-            name, probing = await self._within(
-                by, "routing", self._pick(user, space, tried, last_error, avoid, api_name)
-            )
-            sp = self.spaces[name]
-            try:
-                lease, conn = await self._admit_one(sp, user, queue_by, by, ticket)
-            except UpstreamTransportError as exc:
-                self._space_failed(sp, exc, placed=False)
-                if failure(exc.kind).provider:
-                    await self._await_detached(self._record(name, "failure"))
-                elif probing:
-                    await self._await_detached(self._record(name, "neutral"))
-                tried.append(name)
-                last_error = exc
-                continue
-            except BaseException:
-                if probing:  # hand the half-open probe back: nothing was learned
-                    await self._await_detached(self._record(name, "neutral"))
-                raise
-            if space is None and not sp.may_serve(api_name):
-                # Its API became known on connecting, without the endpoint: not here.
-                sp.checkin(conn, discard=False)
-                await self._await_detached(self.coordinator.release(lease))
-                if probing:
-                    await self._await_detached(self._record(name, "neutral"))
-                tried.append(name)
-                continue
-            if user is not None and space is None:
-                self.router.repin(self.apps.pin_key(user, api_name) or user, name)
-            return lease, sp, conn
+    async def get_session(self, session: str | PoolSession, email: str | None) -> PoolSession:
+        """The live session (:class:`~pool.SessionNotFound` if unknown, expired or not
+        ``email``'s)."""
+        await self.start()
+        return await self.sessions.get(session, email)
 
-    async def _admit_one(
-        self,
-        sp: SpacePool,
-        user: str | None,
-        queue_by: float,
-        by: float | None,
-        ticket: WaitTicket | None,
-    ) -> tuple[Lease, Connection]:
-        """Wake ``sp`` if it sleeps, admit, check out; UpstreamTransportError: fail over."""
-        await self.waker.ensure_awake(
-            sp.spec,
-            connected=sp.total > 0 and sp.is_up(),
-            probe=functools.partial(self._answers, sp),
-            ticket=ticket,
-            give_up_at=by,
-        )
-        # Anonymous callers share one consumer (issue 28): however many they are, they
-        # hold at most POOL_ANONYMOUS_MAX_CONCURRENT slots, and a named user's request is
-        # never queued behind theirs (a waiter held back by its consumer holds no place).
-        consumer = CONSUMER_PREFIX + (user or ANONYMOUS)
-        resources = [GLOBAL_RESOURCE, SPACE_PREFIX + sp.name, consumer]
-        waited_from = self.clock.now()
-        limit = queue_by if by is None else min(queue_by, by)
-        try:
-            lease = await self.coordinator.acquire(
-                resources, timeout=max(0.0, limit - waited_from), ticket=ticket
-            )
-        except BusyError as exc:
-            emit(self.hooks, PoolEvent("busy", sp.name, exc.reason))
-            raise
-        emit(self.hooks, PoolEvent("admitted", sp.name, None, self.clock.now() - waited_from))
-        try:
-            # A cold Space whose /config hangs must not hold the slots past the
-            # deadline; the connection being opened carries on and serves the next one.
-            conn = await self._within(by, f"connecting to Space {sp.name!r}", sp.checkout())
-        except BaseException:  # an UpstreamTransportError (could not connect) fails over
-            await self._await_detached(self.coordinator.release(lease))
-            raise
-        return lease, conn
-
-    async def _within(self, by: float | None, what: str, step: Awaitable[_T]) -> _T:
-        """``step`` within the request's deadline ``by``: :class:`DeadlineExceeded`.
-
-        Without a deadline it still runs inside ``clock.timeout(None)`` (no bound): a
-        step may wait on real I/O (connecting), and a virtual clock must know that."""
-        if by is None:
-            async with self.clock.timeout(None):
-                return await step
-        try:
-            async with self.clock.timeout(by - self.clock.now()):
-                return await step
-        except TimeoutError:
-            raise DeadlineExceeded(f"the deadline passed while {what}") from None
-
-    def _lease_lost(self, space: str, handle: PooledClient, error: LeaseLost) -> None:
-        """Self-fencing: the lease of a running request is lost; stop its work now."""
-        handle._fence(error)
-        emit(self.hooks, PoolEvent("lease_lost", space, error.why))
-
-    def _space_failed(self, sp: SpacePool, error: PoolError, *, placed: bool) -> bool:
-        """The one failure path (:mod:`pool._failures`): count a provider failure; route
-        around ``sp`` for a cool-down when the failure came before the call was placed
-        (``placed`` False) or says the Space is unreachable, unless it is booting.
-        True when a failover was counted (once per failure)."""
-        row = failure(error.kind)
-        if row.provider:
-            emit(self.hooks, PoolEvent("provider_error", sp.name, error.kind))
-        waking = self.board.get(sp.name).waking(self.clock.wall())
-        # A 429's Retry-After is honoured (a user's QuotaExceeded says nothing of the Space)
-        asked = error.retry_after_s if isinstance(error, UpstreamTransportError) else None
-        if placed and (not (row.down or asked) or waking):
-            return False
-        if not waking:
-            sp.mark_down(error.kind, asked or _SPACE_COOLDOWN_S)
-        emit(self.hooks, PoolEvent("failover", sp.name, error.kind))
-        _log.warning("space %s failed (%s); failing over", sp.name, error.kind)
-        return True
-
-    async def _answers(self, sp: SpacePool) -> bool:
-        """Whether a booting Space serves now: its app_id route, or the Hub's stage."""
-        async with self.clock.timeout(None):  # real I/O, bounded by httpx / the Hub call
-            if sp.probe_url is not None and self._http is not None:
-                return await http_probe(self._http, sp.probe_url)
-            return await self.waker.stage(sp.spec, fresh=True) == "RUNNING"
-
-    async def _pick(
-        self,
-        user: str | None,
-        space: str | None,
-        tried: list[str],
-        last: PoolError | None,
-        avoid: Sequence[str],
-        api_name: str | None = None,
-    ) -> tuple[str, bool]:
-        """The Space for this attempt — up, breaker closed or ours to probe, not tried,
-        with the endpoint — and whether this request is its half-open probe."""
-        if space is not None:
-            return await self._pick_named(space, tried, last)
-        board = self.board
-        # AmbiguousEndpoint, before any slot (Spaces the pool paused are not woken for it)
-        await self.apps.check(api_name, lambda n: board.get(n).admits() and not board.get(n).paused)
-        self._check_endpoint(api_name)
-        user = self.apps.pin_key(user, api_name)  # a pin per app
-        while True:
-            now = self.clock.wall()
-            usable = [
-                n
-                for n, sp in self.spaces.items()
-                if sp.is_up()
-                and n not in tried
-                and sp.may_serve(api_name)
-                and (board.get(n).admits() or board.get(n).probe_due(now))
-            ]
-            if not usable:
-                detail = f"; last failure: {last.kind}" if last else ""
-                raise NoHealthySpaceError(
-                    f"every Space failed, is unhealthy or has its breaker open{detail}",
-                    retry_after_s=self._retry_after_down(),
-                )
-            # Prefer Spaces that are awake and not just failed for this request; a Space
-            # the pool paused itself only when nothing else can serve.
-            preferred = [n for n in usable if not board.get(n).paused and n not in avoid]
-            candidates = (
-                preferred or [n for n in usable if not board.get(n).paused] or usable
-            )
-            pinned = self.router.pinned(user) if user else None
-            if pinned is not None and pinned not in usable and not board.get(pinned).admits():
-                emit(self.hooks, PoolEvent("failover", pinned, "breaker_open"))
-            probes = [n for n in candidates if not board.get(n).admits()]
-            if probes and not (pinned in candidates and board.get(pinned or "").admits()):
-                if await board.take_probe(probes[0]):
-                    return probes[0], True  # recovery needs a probe: this request is it
-                tried.append(probes[0])
-                continue
-            closed = [n for n in candidates if board.get(n).admits()]
-            choice = self.router.candidates(user, closed, lambda n: self.spaces[n].load())[0]
-            if user is not None and pinned != choice:
-                emit(self.hooks, PoolEvent("assignment", choice))
-            return choice, False
-
-    async def _pick_named(
-        self, space: str, tried: list[str], last: PoolError | None
-    ) -> tuple[str, bool]:
-        """A request for one Space: it, or its half-open probe, else NoHealthySpaceError."""
-        if tried:
-            raise NoHealthySpaceError(
-                f"Space {space!r} failed ({last.kind if last else '?'})",
-                retry_after_s=self._retry_after_down(),
-            )
-        health = self.board.get(space)
-        if health.admits():
-            return space, False
-        if await self.board.take_probe(space):
-            return space, True
-        emit(self.hooks, PoolEvent("failover", space, "breaker_open"))
-        raise NoHealthySpaceError(
-            f"Space {space!r} is refusing work for now (circuit breaker open)",
-            retry_after_s=max(1.0, health.retry_after(self.clock.wall())),
-        )
-
-    def _check_endpoint(self, api_name: str | None) -> None:
-        """UnknownEndpoint if every Space's API is known and none has ``api_name``."""
-        if any(sp.may_serve(api_name) for sp in self.spaces.values()):
-            return
-        known = sorted(set().union(*(sp.api_names or () for sp in self.spaces.values())))
-        raise UnknownEndpoint(str(api_name), known, where="the pool's Spaces have")
-
-    def _retry_after_down(self) -> float:
-        """Seconds until the first Space marked down or breaker-open may be tried again."""
-        now, wall = self.clock.now(), self.clock.wall()
-        waits = [sp.down_until - now for sp in self.spaces.values() if sp.down_until > now]
-        waits += [
-            w for n in self.spaces if (w := self.board.get(n).retry_after(wall)) > 0
-        ]
-        return round(max(1.0, min(waits)), 1) if waits else 1.0
-
-    async def _record(self, name: str, outcome: Outcome) -> None:
-        """Feed the shared window and breaker; a store outage never fails the request."""
-        h = self.board.get(name)
-        if h.breaker == "closed" and (
-            outcome == "neutral"  # nothing to learn, no probe to hand back
-            or (  # at the ceiling with nothing to reset: a success changes nothing we use
-                outcome == "success"
-                and h.window >= h.ceiling
-                and h.failures == 0
-                and not self.waker.policy.pauses(name)
-            )
-        ):
-            return
-        try:
-            await self.board.record(name, outcome)
-        except (PoolError, OSError) as exc:
-            _log.warning("space %s: could not record %s (%s)", name, outcome, exc)
+    async def close_session(self, session: str | PoolSession, email: str | None) -> None:
+        """End the session (:class:`~pool.SessionNotFound` as :meth:`get_session`)."""
+        await self.start()
+        await self.sessions.close(session, email)
 
     async def endpoints(self, space: str) -> dict[str, Any]:
         """The Space's API as ``Client.view_api(return_format="dict")`` gives it, plus
         ``app_id``; cached per Space until its ``app_id`` changes (a restart).
 
-        Read from a live pooled connection (no network: gradio_client fetched it when
-        the connection opened); if the Space has none yet, one is opened. Takes no
+        Read from a live pooled connection (no network: its client read it when the
+        connection opened); if the Space has none yet, one is opened. Takes no
         admission slot: it runs nothing on the Space.
         """
         await self.start()
@@ -751,7 +456,7 @@ class Pool:
         if conn is None:
             leased = conn = await sp.checkout()
         try:
-            info = conn.client.view_api(return_format="dict", print_info=False)
+            info = conn.client.view_api()
             app_id = conn.app_id
         finally:
             if leased is not None:

@@ -5,12 +5,12 @@ A session pins one Space and one ``session_hash`` there, so that the app's
 session's calls exactly as in a browser tab of that Space. Between calls it holds
 nothing: no admission slot, no connection, no heartbeat. Each call is admitted like
 any other, checks out any connection of the Space and continues the session there
-(:meth:`pool._native.NativeClient.use_session`; a fallback ``gradio_client.Client``
-gets the ``session_hash``); when the call ends the connection goes back and the
-session is retired from it, as after every lease: its data stream and its heartbeat
-end. Gradio keeps a session's state while its heartbeat is open and for an hour after
-it ends (gradio/routes.py ``heartbeat``, gradio/state_holder.py
-``STATE_TTL_WHEN_CLOSED``), so the heartbeat runs only while a call needs it.
+(:meth:`pool.transport.SpaceClient.use_session`, whichever transport it is); when the
+call ends the connection goes back and the session is retired from it, as after every
+lease: its data stream and its heartbeat end (calls of one session running at once share
+them: pool/transport/_native.py ``Continued``). Gradio keeps a session's state while its
+heartbeat is open and for an hour after it ends (gradio/routes.py ``heartbeat``,
+gradio/state_holder.py ``STATE_TTL_WHEN_CLOSED``), so the heartbeat runs only while a call needs it.
 
 The record lives in the coordinator's shared values (``session:<sha256 of the id>``),
 so every worker and host of the fleet serves the session's calls. Its TTL is
@@ -31,6 +31,16 @@ A session leaves the count when it is closed or lost, or, having expired, when t
 is next at the limit; a session in use re-writes the count at least once per
 ``POOL_SESSION_IDLE_S`` (``indexed``), so the count never expires before it does.
 
+A session may also be opened *unpinned* (:meth:`Sessions.open_named`: the Gradio
+front's, named after the client's own ``session_hash``): it has no Space until its
+first call, which is routed and admitted like any other, and is pinned to the Space
+that admitted it (:meth:`Sessions.attach`); a Space that dropped it unpins it
+(:meth:`Sessions.unpin`: a fresh upstream ``session_hash``, its state lost as on a
+restarted Space) and its next call is routed again. Such a session keeps its own idle
+time (``idle_s`` in the record: ``POOL_GRADIO_SESSION_IDLE_S``) and its own count of
+what each user holds (``family``); expiry, renewal (:meth:`Sessions.renew`) and ending
+(:meth:`Sessions.close`) are the same for every session.
+
 A replicated Space keeps a session on one replica through cookies
 (pool/transport/_affinity.py): the session's first request (that ``app_id`` question,
 when it is opened) reaches some replica, whose cookies the record keeps (``replica``),
@@ -42,29 +52,28 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import functools
 import hashlib
 import json
 import math
 import secrets
 import uuid
+from collections.abc import Callable, Mapping
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-import httpx
-
-from ._connection import Connection
+from ._clock import Clock
 from ._exceptions import InvalidRequest, SessionLost, SessionNotFound, UnknownSpace
 from ._holdings import Holdings
-from ._native import NativeClient
-from ._space_pool import SpacePool
-from .transport import Affinity
-
-if TYPE_CHECKING:
-    from ._pool import Pool
+from .admission import SharedValues
+from .admission._watch import Changed
+from .connections._connection import Connection
+from .connections._space_pool import SpacePool
+from .transport import Replica, SpaceClient
 
 _PREFIX = "session:"
 _HELD = "sessions-held:"  # sessions-held:<user> → the keys of their open sessions
+FRONT = "gradio"  # the Gradio front's family: counted apart (gradio-sessions-held:<user>)
 _OPENING_S = 120.0  # a session is being opened this long at most (connect, app_id)
 
 
@@ -73,7 +82,7 @@ class PoolSession:
     """An open session: pass it (or its ``id``) as ``session=`` to ``predict``/``client``."""
 
     id: str
-    space: str
+    space: str  # "" while unpinned (Sessions.open_named): its first call pins it
     expires_at: float  # wall clock (seconds since the epoch): no call until then, it ends
 
     def __str__(self) -> str:
@@ -85,19 +94,32 @@ class SessionRecord:
     """What the fleet knows of one session (no secret: the id is only hashed in)."""
 
     key: str
-    space: str
+    space: str | None  # None: unpinned, the next call pins it
     upstream: str  # the session_hash on the Space
     owner: str | None  # keyed hash of the email that opened it; None: anonymous
     app_id: Any
     used: float  # wall clock of the last call (or the opening)
-    replica: tuple[tuple[str, str, str, str], ...] = ()  # the replica's cookies (Affinity)
+    replica: Replica = ()  # the replica's cookies (pool/transport/_affinity.py)
     indexed: float = 0.0  # wall clock when the owner's count was last re-written for it
+    idle_s: float = 0.0  # it ends after this long unused (0: POOL_SESSION_IDLE_S)
+    family: str = ""  # whose count of open sessions it is in ("": conversations)
 
     def dumps(self) -> str:
         return json.dumps({"space": self.space, "upstream": self.upstream,
                            "owner": self.owner, "app_id": self.app_id,
                            "used": self.used, "replica": self.replica,
-                           "indexed": self.indexed})  # fmt: skip
+                           "indexed": self.indexed, "idle_s": self.idle_s,
+                           "family": self.family})  # fmt: skip
+
+    @classmethod
+    def loads(cls, key: str, raw: str) -> SessionRecord:
+        """ValueError, KeyError or TypeError for a value that is not a record."""
+        data = json.loads(raw)
+        space = data["space"]
+        return cls(key, None if space is None else str(space), str(data["upstream"]),
+                   data["owner"], data["app_id"], float(data["used"]),
+                   _cookies(data.get("replica", ())), float(data.get("indexed", 0.0)),
+                   float(data.get("idle_s", 0.0)), str(data.get("family", "")))  # fmt: skip
 
     def renewed(self, used: float) -> SessionRecord:
         return dataclasses.replace(self, used=used)
@@ -115,21 +137,32 @@ def _key(session_id: str) -> str:
 class Sessions:
     """Opens, finds, renews and ends sessions; attaches one to a leased connection."""
 
-    def __init__(self, pool: Pool) -> None:
-        self._pool = pool
-
-    @property
-    def idle_s(self) -> float:
-        return self._pool.settings.session_idle_s
-
-    @functools.cached_property
-    def held(self) -> Holdings:
-        """The sessions each user holds open, fleet-wide (see the module docstring)."""
-        pool = self._pool
-        return Holdings(
-            lambda: pool.coordinator.values, _HELD, what="sessions",
-            ttl_s=4 * self.idle_s, grace_s=_OPENING_S, clock=pool.clock.wall,
+    def __init__(
+        self, *, values: Callable[[], SharedValues], spaces: Mapping[str, SpacePool],
+        clock: Clock, idle_s: float, hash_user: Callable[[str | None], str | None],
+        choose: Callable[[str | None], str],
+    ) -> None:  # fmt: skip
+        """``values``: the coordinator's shared values (once started); ``choose``: the
+        Space a new session of a user goes to (their pin, else round robin)."""
+        self._values = values
+        self._spaces = spaces
+        self._clock = clock
+        self.idle_s = idle_s
+        self._hash_user = hash_user
+        self._choose = choose
+        # The sessions each user holds open, fleet-wide (see the module docstring); the
+        # Gradio front's apart, under their own limit.
+        self.held = Holdings(
+            values, _HELD, what="sessions", ttl_s=4 * idle_s, grace_s=_OPENING_S,
+            clock=clock.wall,
         )  # fmt: skip
+        self._held = {"": self.held, FRONT: Holdings(
+            values, f"{FRONT}-{_HELD}", what="sessions", ttl_s=4 * idle_s,
+            grace_s=_OPENING_S, clock=clock.wall,
+        )}  # fmt: skip
+
+    def _idle(self, record: SessionRecord) -> float:
+        return record.idle_s or self.idle_s
 
     async def open(
         self, email: str | None, space: str | None = None, *, limit: int | None = None
@@ -139,9 +172,7 @@ class Sessions:
         Space is connected to (no admission slot) to learn its ``app_id``. ``limit``:
         the sessions one user may hold open (every anonymous caller together counting
         as one); at it, :class:`~pool.UserLimitReached` before anything is connected."""
-        pool = self._pool
-        await pool.start()
-        user = pool.hash_user(email)
+        user = self._hash_user(email)
         session_id = secrets.token_urlsafe(24)
         key = _key(session_id)
         await self.held.take(user, key, limit, self._lasts)
@@ -152,142 +183,206 @@ class Sessions:
                 await self.held.drop(user, key)
             raise
 
+    async def open_named(
+        self, session_id: str, email: str | None, *, limit: int | None, idle_s: float,
+        family: str = FRONT,
+    ) -> PoolSession:  # fmt: skip
+        """The session ``session_id`` (a name the caller chose: the Gradio front's),
+        opened unpinned when it does not exist (nothing connected: its first call pins
+        it); :class:`SessionNotFound` when it is another user's. ``limit``, as
+        :meth:`open`'s, counts ``family``'s sessions."""
+        user = self._hash_user(email)
+        key = _key(session_id)
+        found = await self._values().get(key)
+        if found is not None:
+            return self.view(session_id, await self._load(session_id, email))
+        await self._held[family].take(user, key, limit, self._lasts)
+        now = self._clock.wall()
+        record = SessionRecord(key, None, uuid.uuid4().hex, user, None, now, (), now, idle_s,
+                               family)  # fmt: skip
+        made = record.dumps()
+        try:
+            stored = await self._values().update(
+                key, lambda raw: made if raw is None else None, idle_s
+            )
+        except BaseException:
+            with contextlib.suppress(Exception):
+                await self._held[family].drop(user, key)
+            raise
+        if stored != made:  # opened meanwhile by another request: that one, if ours
+            await self._held[family].drop(user, key)
+            return self.view(session_id, await self._load(session_id, email))
+        return self.view(session_id, record)
+
     async def _lasts(self, key: str) -> float | None:
         """How long the session under ``key`` lasts at most unused; None: it ended."""
-        raw = await self._pool.coordinator.values.get(key)
+        raw = await self._values().get(key)
         if raw is None:
             return None
         try:
-            used = float(json.loads(raw)["used"])
+            record = SessionRecord.loads(key, raw)
         except (ValueError, KeyError, TypeError):
             return math.inf
-        return used + self.idle_s - self._pool.clock.wall()
+        return record.used + self._idle(record) - self._clock.wall()
 
     async def _open(self, user: str | None, space: str | None, session_id: str) -> PoolSession:
-        pool = self._pool
         if space is None:
-            usable = [n for n, sp in pool.spaces.items()
-                      if sp.is_up() and pool.board.get(n).admits()]  # fmt: skip
-            space = pool.router.candidates(user, usable, lambda n: pool.spaces[n].load())[0]
-        elif space not in pool.spaces:
-            raise UnknownSpace(space, list(pool.spaces))
-        sp = pool.spaces[space]
-        async with pool.clock.timeout(None):  # real I/O, bounded by the connect timeout
+            space = self._choose(user)
+        elif space not in self._spaces:
+            raise UnknownSpace(space, list(self._spaces))
+        sp = self._spaces[space]
+        async with self._clock.timeout(None):  # real I/O, bounded by the connect timeout
             conn = await sp.checkout()
-        affinity = Affinity()  # the replica this first request reaches is the session's
-        try:
-            app_id = await self._current_app_id(sp, conn, affinity, first=True)
+        try:  # the replica this first request reaches is the session's
+            app_id, replica = await self._current_app_id(sp, conn.client, (), first=True)
         finally:
             sp.checkin(conn, discard=False)
-        now = pool.clock.wall()
+        now = self._clock.wall()
         record = SessionRecord(_key(session_id), space, uuid.uuid4().hex, user, app_id, now,
-                               tuple(affinity.saved()), indexed=now)  # fmt: skip
-        await pool.coordinator.values.put(record.key, record.dumps(), self.idle_s)
+                               replica, indexed=now)  # fmt: skip
+        await self._values().put(record.key, record.dumps(), self.idle_s)
         return PoolSession(session_id, space, now + self.idle_s)
 
     async def _load(self, session: str | PoolSession, email: str | None) -> SessionRecord:
         session_id = session.id if isinstance(session, PoolSession) else str(session)
         key = _key(session_id)
-        raw = await self._pool.coordinator.values.get(key)
+        raw = await self._values().get(key)
         missing = SessionNotFound(f"no session {session_id[:8]}… here (unknown or expired)")
         if raw is None:
             raise missing
         try:
-            data = json.loads(raw)
-            record = SessionRecord(key, str(data["space"]), str(data["upstream"]),
-                                   data["owner"], data["app_id"], float(data["used"]),
-                                   _cookies(data.get("replica", ())),
-                                   float(data.get("indexed", 0.0)))  # fmt: skip
+            record = SessionRecord.loads(key, raw)
         except (ValueError, KeyError, TypeError):
             raise missing from None
-        if record.owner != self._pool.hash_user(email) or record.space not in self._pool.spaces:
+        if record.owner != self._hash_user(email):
+            raise missing
+        if record.space is not None and record.space not in self._spaces:
             raise missing
         return record
 
     def view(self, session: str | PoolSession, record: SessionRecord) -> PoolSession:
         session_id = session.id if isinstance(session, PoolSession) else str(session)
-        return PoolSession(session_id, record.space, record.used + self.idle_s)
+        return PoolSession(session_id, record.space or "", record.used + self._idle(record))
 
     async def get(self, session: str | PoolSession, email: str | None) -> PoolSession:
         """The live session (SessionNotFound if unknown, expired or not the caller's)."""
-        await self._pool.start()
         return self.view(session, await self._load(session, email))
+
+    def watch(self, session: str | PoolSession) -> AbstractAsyncContextManager[Changed]:
+        """Wake-ups for each write of the session's record (renewed, pinned, ended) by
+        any process of the fleet: a holder that watches learns at once that it ended."""
+        session_id = session.id if isinstance(session, PoolSession) else str(session)
+        return self._values().watch(_key(session_id))
 
     async def close(self, session: str | PoolSession, email: str | None) -> None:
         """End the session (SessionNotFound as :meth:`get`). Nothing of it runs upstream
         between calls; the Space drops its state by its own rule (an hour)."""
-        await self._pool.start()
         record = await self._load(session, email)
-        await self._pool.coordinator.values.delete(record.key)
-        await self.held.drop(record.owner, record.key)
+        await self._values().delete(record.key)
+        await self._held[record.family].drop(record.owner, record.key)
+
+    async def forget(self, session_id: str, email: str | None, family: str = FRONT) -> None:
+        """A session its holder found ended (expired unused): out of its user's count
+        now, not when they next reach their limit (a no-op when it was counted out)."""
+        await self._held[family].drop(self._hash_user(email), _key(session_id))
 
     async def resolve(
         self, session: str | PoolSession, email: str | None, space: str | None
     ) -> SessionRecord:
         """The session of a call, renewed for another ``POOL_SESSION_IDLE_S``."""
         record = await self._load(session, email)
-        if space is not None and space != record.space:
+        if space is not None and record.space is not None and space != record.space:
             raise InvalidRequest(
                 f"the session is on Space {record.space!r}, not {space!r}: leave space out"
             )
-        now = self._pool.clock.wall()
+        now = self._clock.wall()
         renewed = record.renewed(now)
-        if now - record.indexed >= self.idle_s:  # the owner's count outlives the session
-            await self.held.keep(record.owner, record.key)
+        held = self._held[record.family]
+        if now - record.indexed >= min(self._idle(record), held.ttl_s / 4):
+            await held.keep(record.owner, record.key)  # the count outlives the session
             renewed = dataclasses.replace(renewed, indexed=now)
-        await self._pool.coordinator.values.put(renewed.key, renewed.dumps(), self.idle_s)
+        await self._values().put(renewed.key, renewed.dumps(), self._idle(record))
         return renewed
 
+    async def renew(self, session: str | PoolSession, email: str | None) -> PoolSession:
+        """The session in use without a call (the Gradio front's client holds its
+        streams open): another ``idle_s`` from now (SessionNotFound as :meth:`get`)."""
+        return self.view(session, await self.resolve(session, email, None))
+
+    async def unpin(self, session: str | PoolSession, email: str | None) -> None:
+        """The session's Space dropped it (killed, restarted): its state is gone there;
+        a fresh upstream session, pinned by the next call (which may go elsewhere)."""
+        record = await self._load(session, email)
+        fresh = uuid.uuid4().hex
+
+        def unpinned(raw: str | None) -> str | None:
+            if raw is None:
+                return None
+            now = SessionRecord.loads(record.key, raw)
+            if now.upstream != record.upstream:
+                return None  # unpinned (or moved) meanwhile
+            return dataclasses.replace(now, space=None, upstream=fresh, app_id=None,
+                                       replica=()).dumps()  # fmt: skip
+
+        await self._values().update(record.key, unpinned, self._idle(record))
+
     async def attach(self, sp: SpacePool, conn: Connection, record: SessionRecord) -> None:
-        """Continue ``record``'s upstream session on the leased ``conn``; SessionLost
-        (and the session deleted) if the Space restarted since it was opened."""
-        affinity = Affinity(record.replica)
-        if await self._current_app_id(sp, conn, affinity) != record.app_id:
+        """Continue ``record``'s upstream session on the leased ``conn`` (an unpinned
+        one is pinned to ``sp`` first); SessionLost (and the session deleted) if the
+        Space restarted since it was opened."""
+        if record.space is None:
+            record = await self._pin(sp, conn.client, record)
+        current, _ = await self._current_app_id(sp, conn.client, record.replica)
+        if current != record.app_id:
             with contextlib.suppress(Exception):
-                await self._pool.coordinator.values.delete(record.key)
-                await self.held.drop(record.owner, record.key)
+                await self._values().delete(record.key)
+                await self._held[record.family].drop(record.owner, record.key)
             raise SessionLost(
                 f"Space {sp.name!r} restarted since the session was opened: its state is"
                 " gone; open a new session"
             )
-        client = conn.client
-        if isinstance(client, NativeClient):
-            client.use_session(record.upstream, affinity)
-        else:  # a gradio_client.Client: its jobs carry client.session_hash
-            client.session_hash = record.upstream
+        conn.client.use_session(record.upstream, record.replica)
 
+    async def _pin(
+        self, sp: SpacePool, client: SpaceClient, record: SessionRecord
+    ) -> SessionRecord:
+        """Pin an unpinned session to the Space that admitted its call, on the replica
+        this first request reaches; the record as stored after (another call of the
+        session may have pinned it first: to another Space, InvalidRequest)."""
+        app_id, replica = await self._current_app_id(sp, client, (), first=True)
+        pinned = dataclasses.replace(record, space=sp.name, app_id=app_id, replica=replica)
+
+        def pin(raw: str | None) -> str | None:
+            if raw is None:
+                return None
+            now = SessionRecord.loads(record.key, raw)
+            return pinned.dumps() if now.space is None else None
+
+        stored = await self._values().update(record.key, pin, self._idle(record))
+        if stored is None:
+            raise SessionNotFound("the session ended while its call was admitted")
+        now = SessionRecord.loads(record.key, stored)
+        if now.space != sp.name:
+            raise InvalidRequest(f"the session is on Space {now.space!r} now, not {sp.name!r}")
+        return now
+
+    @staticmethod
     async def _current_app_id(
-        self, sp: SpacePool, conn: Connection, affinity: Affinity, first: bool = False
-    ) -> Any:
-        """The ``app_id`` of the session's replica now (native: asked through its
-        cookies; fallback: the connection's). One never seen on the Space makes its
-        connections be rebuilt, unless it is the first answer of a new session and the
-        home replica still answers a known one (a replica met: pool/_replicas.py)."""
-        client = conn.client
-        if not isinstance(client, NativeClient):
-            return conn.app_id
-        try:
-            url = client.app.url("app_id")
-            response = await affinity.send(client.transport.http, "GET", url)
-            response.raise_for_status()
-            current = response.json().get("app_id")
-        except (httpx.HTTPError, ValueError):
-            return conn.app_id  # not answering: the call itself will fail over or fail
+        sp: SpacePool, client: SpaceClient, replica: Replica, first: bool = False
+    ) -> tuple[Any, Replica]:
+        """The ``app_id`` of the session's replica now (asked through its cookies),
+        with those cookies. One never seen on the Space makes its connections be
+        rebuilt, unless it is the first answer of a new session and the home replica
+        still answers a known one (a replica met: pool/connections/_replicas.py)."""
+        answer = await client.replica_app_id(replica)
+        if answer is None:  # not answering: the call itself will fail over or fail
+            return client.app_id, replica
+        current, replica = answer
         if sp.replicas.known(current):
-            return current
-        if first and await self._home_unchanged(sp, client):
+            return current, replica
+        home = await client.replica_app_id(None) if first else None
+        if home is not None and sp.replicas.known(home[0]):
             sp.replicas.note(current)  # the home replica runs on: another replica, met
         elif sp.replicas.is_restart(current):
             sp.restarted(current)
-        return current
-
-    @staticmethod
-    async def _home_unchanged(sp: SpacePool, client: NativeClient) -> bool:
-        """Whether the replica the pool's own requests reach still answers a known
-        ``app_id`` (then a new one a session met is another replica, not a restart)."""
-        with contextlib.suppress(httpx.HTTPError, ValueError):
-            url = client.app.url("app_id")
-            response = await client.transport.home.send(client.transport.http, "GET", url)
-            response.raise_for_status()
-            return sp.replicas.known(response.json().get("app_id"))
-        return False
+        return current, replica

@@ -9,6 +9,8 @@ from typing import Literal
 from pydantic import AliasChoices, Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from ._spaces import Login, parse_logins
+
 
 def _default_coordinator_url() -> str:
     path = os.path.join(tempfile.gettempdir(), "spacepool", "coordinator.db")
@@ -92,6 +94,9 @@ class PoolSettings(BaseSettings):
         default=None, validation_alias=AliasChoices("POOL_HF_TOKEN", "HF_TOKEN", "hf_token")
     )
 
+    # POOL_SPACE_AUTH: name=username:password,… for Spaces behind Gradio's login; never shown
+    space_auth: SecretStr | None = None
+
     @model_validator(mode="after")
     def _min_not_above_max(self) -> PoolSettings:
         if self.min_connections > self.max_connections:
@@ -110,3 +115,7 @@ class PoolSettings(BaseSettings):
 
     def space_entries(self) -> list[str]:
         return [entry.strip() for entry in self.spaces.split(",") if entry.strip()]
+
+    def space_logins(self) -> dict[str, Login]:
+        """``POOL_SPACE_AUTH`` parsed (pool/_spaces.py ``parse_logins``)."""
+        return parse_logins(self.space_auth.get_secret_value()) if self.space_auth else {}

@@ -17,13 +17,15 @@ from typing import Any
 
 from ._clock import Clock
 from ._events import PoolEvent
-from ._routing import Router
 from ._settings import PoolSettings
-from ._space_pool import SpacePool
 from .admission import GLOBAL_RESOURCE, SPACE_PREFIX, Coordinator
+from .admission._live_waits import LiveWaits, summary
+from .connections._space_pool import SpacePool
 from .resilience import HealthBoard, Waker
+from .routing._routing import Router
 
 PUBLISH_S = 2.0
+_FAILING = {"provider_error", "health", "finished"}  # events whose non-ok outcome is a failure
 PROCESS_PREFIX = "proc:"
 # Per-Space figures that add up across processes in pool-stats.
 _SUMMED = (
@@ -66,16 +68,33 @@ class Stats:
         self._key = PROCESS_PREFIX + process_id
         self._resource_cap = resource_cap
         self._waits: deque[float] = deque(maxlen=4096)  # admission waits (s), latest
+        self.live_waits = LiveWaits(clock.wall)  # waits in progress (pool/admission/_live_waits.py)
+        # Per Space, kept (not cleared by a success): the last failure, the last probe.
+        self._last_failure: dict[str, dict[str, Any]] = {}
+        self._last_probe: dict[str, dict[str, Any]] = {}
         self.shared: Shared | None = None  # set once the pool has started
 
     def on_event(self, event: PoolEvent) -> None:
-        """A pool hook: admission waits feed the wait percentiles."""
+        """A pool hook: admission waits feed the wait percentiles; failures and health
+        probes are remembered per Space with their time."""
         if event.kind == "admitted":
             self._waits.append(event.seconds)
+        if event.space is None:
+            return
+        at = _iso(self._clock.wall())
+        if event.kind in _FAILING and event.outcome not in (None, "ok", "cancelled",
+                                                            "caller_error"):
+            self._last_failure[event.space] = {"kind": event.outcome, "at": at}
+        if event.kind == "health":
+            self._last_probe[event.space] = {"result": event.outcome, "at": at}
 
     def _local(self) -> dict[str, dict[str, Any]]:
         failures = self._settings.health_failures
-        return {n: sp.snapshot(failures) for n, sp in self._spaces.items()}
+        return {
+            n: {**sp.snapshot(failures), "lastFailure": self._last_failure.get(n),
+                "lastProbe": self._last_probe.get(n)}
+            for n, sp in self._spaces.items()
+        }  # fmt: skip
 
     async def publish(self) -> None:
         """Share this process's connection snapshot with the fleet, with a TTL."""
@@ -83,7 +102,8 @@ class Stats:
             return
         await self.shared.coordinator.values.put(
             self._key,
-            json.dumps({"pools": self._local(), "assignments": self._router.assignments}),
+            json.dumps({"pools": self._local(), "assignments": self._router.assignments,
+                        "waits": self.live_waits.oldest()}),
             ttl_s=3 * PUBLISH_S,
         )
 
@@ -92,31 +112,38 @@ class Stats:
         if self.shared is not None:
             await self.shared.coordinator.values.delete(self._key)
 
-    async def _fleet_pools(self) -> tuple[dict[str, dict[str, Any]], int, int]:
-        """Connection counts summed over every live process: (pools, processes, users)."""
+    async def _fleet_pools(self) -> tuple[dict[str, dict[str, Any]], int, int, list[float]]:
+        """Connection counts summed over every live process, the latest failure and
+        probe of any: (pools, processes, users, when the waits in progress began)."""
         local = self._local()
         if self.shared is None:
-            return local, 1, 0
+            return local, 1, 0, self.live_waits.oldest()
         try:
             await self.publish()
             published = await self.shared.coordinator.values.scan(PROCESS_PREFIX)
         except Exception:
-            return local, 1, self._router.assignments
+            return local, 1, self._router.assignments, self.live_waits.oldest()
         summed: dict[str, dict[str, Any]] = {n: dict.fromkeys(_SUMMED, 0) for n in local}
         users = 0
+        waits: list[float] = []
         for raw in published.values():
             try:
                 other = json.loads(raw)
             except ValueError:
                 continue
             users += int(other.get("assignments", 0))
+            waits += [float(b) for b in other.get("waits", [])]
             for name, entry in other.get("pools", {}).items():
                 if name in summed:
                     for key in _SUMMED:
                         summed[name][key] += int(entry.get(key, 0))
+                    for key in ("lastFailure", "lastProbe"):  # the latest of any process
+                        mine, theirs = local[name].get(key), entry.get(key)
+                        if theirs and (not mine or theirs["at"] > mine["at"]):
+                            local[name][key] = theirs
         for name, entry in summed.items():
             local[name].update(entry)
-        return local, max(1, len(published)), users
+        return local, max(1, len(published)), users, waits
 
     def _health(self, name: str) -> dict[str, Any]:
         if self.shared is None:
@@ -138,6 +165,8 @@ class Stats:
                 "peak": h.peak,
                 "ceiling": h.ceiling,
                 "resourceCap": self._resource_cap,
+                # the most calls the Space ran at once with a worker free (0: not seen)
+                "spaceRuns": h.floor,
             },
             "breaker": {
                 "state": h.breaker,
@@ -159,7 +188,7 @@ class Stats:
         """
         s = self._settings
         snap = await self.shared.coordinator.snapshot() if self.shared else None
-        pools, processes, users = await self._fleet_pools()
+        pools, processes, users, waits = await self._fleet_pools()
         for name, entry in pools.items():
             entry["queueLength"] = snap.queued.get(SPACE_PREFIX + name, 0) if snap else 0
             entry["maxConnections"] = s.max_connections
@@ -193,6 +222,8 @@ class Stats:
                 "consumerLimit": s.consumer_max_concurrent,
                 "anonymousLimit": s.anonymous_limit,
                 "waitMs": _percentiles(self._waits),
+                # Waits still in progress, fleet-wide: the oldest and the p95 of their ages.
+                "liveWaits": summary(waits, self._clock.wall()),
             },
         }
 

@@ -1,7 +1,7 @@
 """Maintenance of a pool, one loop per process (:class:`Upkeep`, started with the pool).
 
 Every tick (at most ``PUBLISH_S``): close idle connections above the number kept warm
-(:mod:`pool._warmth`: the minimum, or the peak in use over a window), publish
+(:mod:`pool.connections._warmth`: the minimum, or the peak in use over a window), publish
 this process's snapshot for fleet-wide stats, re-read the shared health records (other
 processes' window and breaker changes; the windows re-applied as limits), pause owned
 idle Spaces; every ``POOL_HEALTH_INTERVAL_S``: one health round (SPEC 4.4). A store
@@ -20,11 +20,11 @@ import httpx
 from ._clock import Clock
 from ._events import Hook, PoolEvent, emit
 from ._settings import PoolSettings
-from ._space_pool import SpacePool
 from ._stats import PUBLISH_S, Shared
 from ._tasks import cancel_and_wait
-from ._warmth import Warmth
 from .admission import SPACE_PREFIX
+from .connections._space_pool import SpacePool
+from .connections._warmth import Warmth
 
 
 class Upkeep:
@@ -116,7 +116,7 @@ class Upkeep:
             return
         for conn in sample:
             try:
-                app_id = await sp.probe(http, conn.probe_url(), conn.probe_headers())
+                app_id = await sp.probe(http, conn.probe_url(), conn.client.probe_headers())
             except Exception:
                 conn.failures += 1
                 emit(self._hooks, PoolEvent("health", sp.name, "failed"))
@@ -124,7 +124,7 @@ class Upkeep:
                     sp.discard_idle(conn)
                 continue
             conn.failures = 0
-            # Another replica's app_id (seen before) is no restart: pool/_replicas.py.
+            # Another replica's app_id (seen before) is no restart: pool/connections/_replicas.py.
             if conn.app_id is not None and app_id != conn.app_id and sp.replicas.is_restart(app_id):
                 emit(self._hooks, PoolEvent("health", sp.name, "restarted"))
                 sp.restarted(app_id)

@@ -9,7 +9,7 @@ alternating (ABBA), so the machine's noise hits every variant alike.
 * raw    — one reused raw ``Client`` (``asyncio.to_thread(client.predict, ...)``),
   twice: with gradio's defaults (an SSL context built per HTTP request) and with the
   one shared SSL context that the pool gives its connections
-  (``pool._connection.shared_ssl_context``) — the pool's overhead is judged against
+  (``pool.connections._connection.shared_ssl_context``) — the pool's overhead is judged against
   the latter, the same Client set up the same way;
 * pooled — ``async with pool.client(email, space=...)`` + ``await predict(...)``,
   in-process admission (``memory://``) and, for the overhead row, the default
@@ -29,7 +29,7 @@ from _bench_stats import Result, Summary, ratios
 
 from devspaces import SpaceProcess
 from pool import Pool, PoolSettings
-from pool._connection import close_client, shared_ssl_context
+from pool.transport._fallback import close_client, shared_ssl_context
 
 EMAIL = "bench@example.com"
 Call = Callable[[int], Awaitable[None]]

@@ -45,7 +45,7 @@ def _usage() -> tuple[float, int]:
     return proc.memory_info().rss / MB, proc.num_threads()
 
 
-async def child_pool(spaces: str, per_space: int) -> dict[str, Any]:
+async def child_pool(spaces: str, per_space: int, settle_s: float = 1.0) -> dict[str, Any]:
     import gradio_client  # noqa: F401 - counted in the baseline, as in the raw child
 
     from pool import Pool, PoolSettings
@@ -72,17 +72,17 @@ async def child_pool(spaces: str, per_space: int) -> dict[str, Any]:
             break
         await asyncio.sleep(0.2)
     opened_s = time.monotonic() - started
-    await asyncio.sleep(1.0)  # let the last opens' threads settle
+    await asyncio.sleep(settle_s)  # let the last opens' threads settle
     stats = await pool.stats()
     rss, threads = _usage()
 
     async def use(name: str) -> None:
         async with pool.client(None, space=name) as client:
-            await client.predict("x", 1.0, api_name="/echo")
+            await client.predict("x", settle_s, api_name="/echo")
 
     # Every connection serves one predict at once: its executors start their threads.
     await asyncio.gather(*(use(name) for name in pool.spaces for _ in range(per_space)))
-    await asyncio.sleep(2.5)  # returned connections settle (stream closed) and go idle
+    await asyncio.sleep(2.5 * settle_s)  # returned connections settle (stream closed), go idle
     rss_used, threads_used = _usage()
     return {
         "rss0_mb": rss0,
@@ -97,7 +97,7 @@ async def child_pool(spaces: str, per_space: int) -> dict[str, Any]:
     }
 
 
-def child_raw(spaces: str, per_space: int) -> dict[str, Any]:
+def child_raw(spaces: str, per_space: int, settle_s: float = 1.0) -> dict[str, Any]:
     from gradio_client import Client
 
     from pool import parse_spaces
@@ -114,7 +114,7 @@ def child_raw(spaces: str, per_space: int) -> dict[str, Any]:
     for i in range(len(urls)):
         clients[i * per_space].predict("x", 0, api_name="/echo")
     opened_s = time.monotonic() - started
-    time.sleep(1.0)
+    time.sleep(settle_s)
     rss, threads = _usage()
     return {
         "rss0_mb": rss0,
@@ -126,10 +126,29 @@ def child_raw(spaces: str, per_space: int) -> dict[str, Any]:
     }
 
 
-def measure(mode: str, spaces: str, per_space: int) -> dict[str, Any]:
-    """Run one child; its last stdout line is the JSON figures."""
+def measure(
+    mode: str,
+    spaces: str,
+    per_space: int,
+    *,
+    settle_s: float = 1.0,
+    env: dict[str, str] | None = None,
+) -> dict[str, Any]:
+    """Run one child; its last stdout line is the JSON figures. ``settle_s`` scales the
+    child's waits (threads settling after the opens, the predict every connection
+    serves, their going idle after it): 1 s for the figures, less for a smoke run."""
     proc = subprocess.run(
-        [sys.executable, os.path.abspath(__file__), "--child", mode, spaces, str(per_space)],
+        [
+            sys.executable,
+            os.path.abspath(__file__),
+            "--child",
+            mode,
+            spaces,
+            str(per_space),
+            "--settle-s",
+            str(settle_s),
+        ],
+        env=env,
         capture_output=True,
         text=True,
         timeout=400,
@@ -243,12 +262,13 @@ def statistics_median(values: list[float]) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--child", nargs=3, metavar=("MODE", "SPACES", "PER_SPACE"), required=True)
+    parser.add_argument("--settle-s", type=float, default=1.0)
     args = parser.parse_args()
     mode, spaces, per_space = args.child[0], args.child[1], int(args.child[2])
     if mode == "pool":
-        figures = asyncio.run(child_pool(spaces, per_space))
+        figures = asyncio.run(child_pool(spaces, per_space, args.settle_s))
     else:
-        figures = child_raw(spaces, per_space)
+        figures = child_raw(spaces, per_space, args.settle_s)
     print(json.dumps(figures), flush=True)
     os._exit(0)  # do not wait for 150 heartbeat threads to notice anything
 

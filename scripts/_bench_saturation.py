@@ -36,7 +36,7 @@ from _bench_stats import Result, Summary, percentile, ratios
 
 from devspaces import SpaceFleet
 from pool import Pool, PoolEvent, PoolSettings
-from pool._connection import close_client
+from pool.transport._fallback import close_client
 
 
 class CPU:

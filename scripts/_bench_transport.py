@@ -39,7 +39,7 @@ import random
 import statistics
 import threading
 import time
-from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -51,7 +51,7 @@ from _bench_stats import Result, Summary, ratios
 
 from devspaces import SpaceFleet, SpaceProcess
 from pool import Pool, PoolSettings
-from pool._connection import close_client
+from pool.transport._fallback import close_client
 
 NATIVE = "native"
 GRADIO_CLIENT = "gradio_client"
@@ -77,6 +77,10 @@ class TransportPlan:
     rss_per_space: int
     partial_rounds: int
     partial_per_round: int
+    # The RSS children's waits (``_bench_rss.measure``'s settle_s), and whether the three
+    # run at once (each measures only itself; the figures' run keeps them one by one).
+    rss_settle_s: float = 1.0
+    rss_at_once: bool = False
 
 
 FULL = TransportPlan(
@@ -96,6 +100,7 @@ SMOKE = TransportPlan(
     sat_callers=12, sat_cap=6, sat_service_s=0.2, sat_rounds=1, sat_warmups=1,
     rss_per_space=2,
     partial_rounds=1, partial_per_round=2,
+    rss_settle_s=0.25, rss_at_once=True,
 )  # fmt: skip
 PLANS = {"full": FULL, "quick": QUICK, "smoke": SMOKE}
 
@@ -285,27 +290,21 @@ async def saturation_rows(fleet: SpaceFleet, plan: TransportPlan) -> list[Result
 # threads and RSS --------------------------------------------------------------------
 
 
-@contextlib.contextmanager
-def _env(key: str, value: str) -> Iterator[None]:
-    before = os.environ.get(key)
-    os.environ[key] = value
-    try:
-        yield
-    finally:
-        if before is None:
-            del os.environ[key]
-        else:
-            os.environ[key] = before
-
-
 def rss_rows(fleet: SpaceFleet, plan: TransportPlan) -> list[Result]:
     spaces = fleet.pool_spaces_env()
     held = len(fleet) * plan.rss_per_space
-    raw = rss_child("raw", spaces, plan.rss_per_space)
+
+    def child(transport: str | None) -> dict[str, Any]:
+        # A pool child reads its settings, the transport too, from the env.
+        env = None if transport is None else {**os.environ, "POOL_TRANSPORT": transport}
+        mode = "raw" if transport is None else "pool"
+        return rss_child(mode, spaces, plan.rss_per_space, settle_s=plan.rss_settle_s, env=env)
+
+    order: list[str | None] = [None, *transports()]
+    with ThreadPoolExecutor(len(order) if plan.rss_at_once else 1) as children:
+        raw, *runs = children.map(child, order)
     results = []
-    for t in transports():
-        with _env("POOL_TRANSPORT", t):  # the child reads its settings from the env
-            run = rss_child("pool", spaces, plan.rss_per_space)
+    for t, run in zip(transports(), runs, strict=True):
         judged = held == HELD  # the goals are stated for 150 connections
         common = (
             f"{run['connections_used']} connections held, every one used once; after "

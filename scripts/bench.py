@@ -10,7 +10,9 @@ harness), ``queue`` (a store's hand-off with 500 waiters queued vs 10), ``stores
 (many callers, 3 Spaces, a global cap), ``rss`` (a process holding 150 connections),
 ``transport`` (the pool on each transport vs a raw Client: 0 s predict, saturation,
 threads and RSS at 150 used connections, first-partial lag; also
-``scripts/bench_transport.py``).
+``scripts/bench_transport.py``), ``replicas`` and ``replicas-mixed`` (replicas used to
+their real capacity, issue 31), ``limit`` (saturation and latency against an oracle on
+the native transport without the pool; scripts/_bench_replicas.py).
 
 Everything runs against real Gradio apps on 127.0.0.1 (``devspaces``), the compared
 variants interleaved in repetitions; each figure is a median with its min–max over
@@ -67,8 +69,11 @@ from _bench_stats import Result, Summary, markdown_table, not_measured  # noqa: 
 
 from devspaces import SpaceFleet  # noqa: E402
 
-ROWS = ("cycle", "fairness", "queue", "stores", "fresh", "raw", "saturation", "rss", "transport")
-NEEDS_SPACES = frozenset({"fresh", "raw", "saturation", "rss", "transport"})
+ROWS = (
+    "cycle", "fairness", "queue", "stores", "fresh", "raw", "saturation", "rss", "transport",
+    "replicas", "replicas-mixed", "limit",
+)  # fmt: skip
+NEEDS_SPACES = frozenset({"fresh", "raw", "saturation", "rss", "transport", "limit"})
 
 
 @dataclass(frozen=True)
@@ -97,6 +102,12 @@ class Plan:
     rss_rounds: int
     rss_with_raw: bool
     transport: str  # a plan of _bench_transport.PLANS
+    rep_rounds: int  # replicas, replicas-mixed, limit (scripts/_bench_replicas.py)
+    rep_service_s: float
+    mix_seconds: float
+    lim_rounds: int
+    lim_seconds: float
+    lim_latency_calls: int
 
 
 FULL = Plan(
@@ -108,6 +119,8 @@ FULL = Plan(
     sat_callers=500, sat_cap=12, sat_service_s=0.5, sat_rounds=2, sat_raw_calls=4,
     rss_per_space=50, rss_rounds=1, rss_with_raw=True,
     transport="full",
+    rep_rounds=3, rep_service_s=1.5, mix_seconds=10.0,
+    lim_rounds=3, lim_seconds=6.0, lim_latency_calls=60,
 )  # fmt: skip
 QUICK = Plan(
     fresh_rounds=2, fresh_per_round=2, raw_rounds=2, raw_per_round=4,
@@ -118,6 +131,8 @@ QUICK = Plan(
     sat_callers=36, sat_cap=12, sat_service_s=0.5, sat_rounds=1, sat_raw_calls=1,
     rss_per_space=8, rss_rounds=1, rss_with_raw=False,
     transport="quick",
+    rep_rounds=1, rep_service_s=0.5, mix_seconds=3.0,
+    lim_rounds=1, lim_seconds=2.0, lim_latency_calls=10,
 )  # fmt: skip
 
 
@@ -260,6 +275,27 @@ class Runner:
             from _bench_transport import PLANS, transport_rows
 
             return asyncio.run(transport_rows(self.fleet, PLANS[p.transport]))
+        if key == "replicas":
+            from _bench_replicas import replicas_rows
+
+            return asyncio.run(replicas_rows(rounds=p.rep_rounds, service_s=p.rep_service_s))
+        if key == "replicas-mixed":
+            from _bench_replicas import mixed_rows
+
+            return asyncio.run(
+                mixed_rows(rounds=p.rep_rounds, service_s=p.rep_service_s / 1.5,
+                           seconds=p.mix_seconds)
+            )
+        if key == "limit":
+            from _bench_replicas import limit_rows
+
+            return asyncio.run(
+                limit_rows(
+                    list(self.fleet), rounds=p.lim_rounds, g=p.sat_cap,
+                    service_s=p.sat_service_s, seconds=p.lim_seconds,
+                    latency_calls=p.lim_latency_calls,
+                )
+            )
         raise ValueError(key)
 
     @contextlib.contextmanager

@@ -25,7 +25,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from devspaces import SpaceProcess
 from pool import Pool, PoolSettings
-from pool._connection import close_client
+from pool.transport._fallback import close_client
 
 
 def _client(url: str) -> Any:

@@ -31,7 +31,7 @@ import gradio_client.utils as gradio_utils  # noqa: E402
 from _bench_clients import open_raw  # noqa: E402
 
 from devspaces import SpaceFleet  # noqa: E402
-from pool._connection import close_client  # noqa: E402
+from pool.transport._fallback import close_client  # noqa: E402
 
 REAL_TIME = gradio_utils.time
 

@@ -58,7 +58,7 @@ from _bench_clients import open_raw  # noqa: E402
 from _bench_stats import Summary, fmt_summary  # noqa: E402
 
 from devspaces import SpaceProcess, free_port  # noqa: E402
-from pool._connection import close_client  # noqa: E402
+from pool.transport._fallback import close_client  # noqa: E402
 
 Sample = dict[str, Any]  # ttfp_ms, lags_ms, gaps_ms
 

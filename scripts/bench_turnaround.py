@@ -10,7 +10,7 @@ cap G = 12, service 0.5 s, the native transport), with four clocks that all read
 
 * the Space's own interval of each call (``devspaces``: fn entered → fn returned);
 * when the caller received each ``process_completed`` and sent each queue join, and
-  how long each join took to be answered (``pool.transport._session``'s ``Call`` and
+  how long each join took to be answered (``pool.transport._queue``'s ``Call`` and
   ``Session``, timed by wrapping two of their methods here; nothing in ``pool/`` does
   this).
 

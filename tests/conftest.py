@@ -18,9 +18,10 @@ from pool import Clock, Pool, PoolSettings
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
-# The stand-in Spaces poll their empty queue every 10 ms, not Gradio's 1 ms
-# (devspaces/_app.py): the suite keeps tens of them up at once on 2 cores, and at 1 ms
-# each idle one took ~3 % of a core (0.7 % at 10 ms); a call waits at most 10 ms more.
+# The stand-in Spaces' queue loops sleep while there is no work, woken by an arrival or
+# a job's start, and poll every 10 ms (not Gradio's 1 ms) while events wait for a slot
+# (devspaces/_app.py): the suite keeps tens of them up at once on 2 cores, and with
+# Gradio's own loops each idle one took ~3 % of a core (0.7 % at 10 ms; 0.13 % now).
 os.environ.setdefault("DEVSPACES_IDLE_POLL_S", "0.01")
 
 
@@ -47,6 +48,23 @@ def _serialize_ast_parse() -> None:
 
 
 _serialize_ast_parse()
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
+    """``--dist loadfile`` dealing the longest files first (``tests/_schedule.py``)."""
+    if config.getoption("dist") != "loadfile":
+        return None
+    from tests._schedule import LongestFirst
+
+    return LongestFirst(config, log)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if not hasattr(config, "workerinput"):  # the controlling process (or the only one)
+        from tests._schedule import Recorder
+
+        config.pluginmanager.register(Recorder(config), "spacepool-test-seconds")
 
 
 @pytest.fixture(scope="session")
@@ -97,6 +115,23 @@ def demo_spaces() -> Iterator[dict[str, SpaceProcess]]:
     finally:
         for space in started:
             space.stop()
+
+
+# One stand-in Space of every devspaces kind, named after its kind (test_conformance
+# checks that no registered kind is missing).
+EVERY_KIND = (
+    "echo", "image", "stream", "chat", "shapes", "headers", "upper", "state", "filename",
+    "zerogpu",
+)  # fmt: skip
+
+
+@pytest.fixture(scope="session")
+def every_kind() -> Iterator[SpaceFleet]:
+    """One Space of each kind, shared by the files that only call them (conformance,
+    discovery); those files run on one worker (``SHARED_UNITS``), so it starts once."""
+    # Ten Gradio processes start at once on a shared machine: allow for a slow start.
+    with SpaceFleet(names=list(EVERY_KIND), kind=list(EVERY_KIND), startup_timeout_s=180) as f:
+        yield f
 
 
 @pytest.fixture(scope="session")
@@ -156,12 +191,24 @@ PoolMaker = Callable[..., Pool]
 
 
 @pytest.fixture
-async def make_pool() -> AsyncIterator[PoolMaker]:
+def transport() -> str:
+    """The transport ``make_pool`` builds pools on. A test module that defines its own
+    ``transport`` fixture with ``params=TRANSPORTS`` runs every test on both: the
+    behaviour is the interface's (pool/transport/_interface.py), not one transport's."""
+    return "native"
+
+
+TRANSPORTS = ["native", "gradio_client"]
+
+
+@pytest.fixture
+async def make_pool(transport: str) -> AsyncIterator[PoolMaker]:
     """Build pools over a fleet (``make_pool(fleet, **settings)``); closed at the end."""
     pools: list[Pool] = []
 
     def build(fleet: SpaceFleet, *, clock: Clock | None = None, **kw: object) -> Pool:
         extra = {"clock": clock} if clock is not None else {}
+        kw.setdefault("transport", transport)
         p = Pool(make_settings(fleet, **kw), **extra)  # type: ignore[arg-type]
         pools.append(p)
         return p

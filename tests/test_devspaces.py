@@ -3,8 +3,9 @@
 Every check goes through a real ``gradio_client.Client``: these tests pin both our
 stand-ins and the gradio_client 2.7.2 behaviour the pool relies on. The streaming
 kinds (``stream``, ``chat``) are the session's ``stream_spaces``. Two Spaces are
-started once for the module (starting one costs ~4 s of CPU, mostly ``import gradio``):
-alpha serves most tests and is reset before each; beta is killed and restarted.
+started once for the module (one costs ~0.3 s of CPU forked from the zygote, ~4 s on
+its own, mostly ``import gradio``): alpha serves most tests and is reset before each;
+beta is killed and restarted.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from gradio_client.exceptions import AppError
 from gradio_client.utils import QueueError
 
 from devspaces import SpaceFleet, SpaceProcess, SpaceStats
+from devspaces._launch import child_env
 
 ClientFactory = Callable[[SpaceProcess], Client]
 
@@ -244,3 +246,17 @@ def test_chat_kind_keeps_history_per_session(
     assert "earlier: (nothing)" in client.predict("three", api_name="/chat")
     with pytest.raises(AppError, match="failed: chat"):
         client.predict("chat", api_name="/fail")
+
+
+def test_a_stand_in_does_not_take_the_services_uvicorn_settings(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``WEB_CONCURRENCY=2 scripts/run``: the setting is the service's; a stand-in Space's
+    uvicorn given it asks for workers, which it refuses (exit 3), so the demo did not
+    start. Its environment leaves out WEB_CONCURRENCY and every UVICORN_* setting."""
+    monkeypatch.setenv("WEB_CONCURRENCY", "2")
+    monkeypatch.setenv("UVICORN_WORKERS", "2")
+    monkeypatch.setenv("SPACEPOOL_KEEP_ME", "1")
+    env = child_env()
+    assert "WEB_CONCURRENCY" not in env and "UVICORN_WORKERS" not in env
+    assert env["SPACEPOOL_KEEP_ME"] == "1"

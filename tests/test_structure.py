@@ -1,39 +1,63 @@
-"""The package's shape: no import cycle among pool/'s modules, short functions in _pool.py."""
+"""The package's shape: layers that import only downward, no import circle, one
+connection interface that nothing above the transport looks behind.
+
+The layers of ``pool/``, top-down (README, "How it is built"): each module imports only
+modules of its own layer or of a layer below it, counting every import — at load time,
+under ``TYPE_CHECKING`` and inside functions — and no two modules import each other
+round a circle.
+"""
 
 from __future__ import annotations
 
 import ast
 from pathlib import Path
 
-POOL = Path(__file__).resolve().parent.parent / "pool"
+ROOT = Path(__file__).resolve().parent.parent
+POOL = ROOT / "pool"
+
+GROUND = {"_settings", "_clock", "_exceptions", "_events", "_tasks", "_threads", "_spaces",
+          "_failures", "_retry", "_consumer", "_trace"}  # fmt: skip
+LAYERS = ["top", "routing", "connections", "resilience", "admission", "transport", "ground"]
+"""Top-down: ``top`` is ``Pool`` and the request path (pool/*.py but the ground modules)."""
+# Transport classes only the transport layer (and the composition root, which picks one)
+# may name: everything above holds a SpaceClient / SpaceCall / SpaceOpener.
+# (The wire's own types — Session, Call, SpaceTransport — are what SpaceClient.wire()
+# hands a relay of the raw protocol: the Gradio front.)
+IMPLEMENTATIONS = {"NativeClient", "FallbackClient", "GradioJob", "NativeOpener",
+                   "FallbackOpener", "GradioFactory"}  # fmt: skip
+COMPOSITION_ROOT = {"pool._pool": {"NativeOpener", "FallbackOpener", "GradioFactory"}}
 
 
 def _module_name(path: Path) -> str:
-    parts = path.relative_to(POOL.parent).with_suffix("").parts
+    parts = path.relative_to(ROOT).with_suffix("").parts
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
+def layer_of(module: str) -> str:
+    parts = module.split(".")
+    if len(parts) >= 2 and parts[1] in {"routing", "connections", "resilience", "admission",
+                                        "transport"}:  # fmt: skip
+        return parts[1]
+    return "ground" if len(parts) == 2 and parts[1] in GROUND else "top"
+
+
 def _imports(path: Path, name: str) -> set[str]:
-    """The pool modules ``path`` imports at load time (not under TYPE_CHECKING)."""
+    """Every module ``path`` imports, anywhere in the file (absolute names)."""
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     found: set[str] = set()
-    tree = ast.parse(path.read_text())
-    for node in tree.body:  # module level only: imports inside functions run later
-        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
-            continue
-        for child in ast.walk(node):
-            if isinstance(child, ast.ImportFrom):
-                if child.level:
-                    base = package.split(".")
-                    base = base[: len(base) - (child.level - 1)]
-                    target = ".".join([*base, child.module] if child.module else base)
-                else:
-                    target = child.module or ""
-                if child.module:  # "from . import _files" loads pool._files, not pool
-                    found.add(target)
-                found.update(f"{target}.{alias.name}" for alias in child.names)
-            elif isinstance(child, ast.Import):
-                found.update(alias.name for alias in child.names)
+    for child in ast.walk(ast.parse(path.read_text())):
+        if isinstance(child, ast.ImportFrom):
+            if child.level:
+                base = package.split(".")
+                base = base[: len(base) - (child.level - 1)]
+                target = ".".join([*base, child.module] if child.module else base)
+            else:
+                target = child.module or ""
+            if child.module:  # "from . import _files" loads pool._files, not pool
+                found.add(target)
+            found.update(f"{target}.{alias.name}" for alias in child.names)
+        elif isinstance(child, ast.Import):
+            found.update(alias.name for alias in child.names)
     return found
 
 
@@ -46,8 +70,8 @@ def _graph() -> dict[str, set[str]]:
 
 
 def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
-    """One import cycle among private modules (a package's __init__ re-exporting its
-    own modules is not one: they never import their package back), or None."""
+    """One import cycle among modules, or None. A package's ``__init__`` re-exporting
+    its own modules is not one when they never import their package back."""
     state: dict[str, int] = {}  # 1 on the stack, 2 done
     stack: list[str] = []
 
@@ -69,16 +93,92 @@ def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
     return None
 
 
-def test_pool_modules_import_no_cycle() -> None:
-    """No pool module imports (at load time) a module that imports it back."""
+def _upward(graph: dict[str, set[str]]) -> list[str]:
+    """Imports from a layer to a layer above it."""
+    rank = {layer: i for i, layer in enumerate(LAYERS)}
+    return sorted(
+        f"{a} ({layer_of(a)}) -> {b} ({layer_of(b)})"
+        for a, targets in graph.items()
+        for b in targets
+        if rank[layer_of(b)] < rank[layer_of(a)]
+    )
+
+
+def _sources() -> list[Path]:
+    return sorted([*POOL.rglob("*.py"), *(ROOT / "app").rglob("*.py")])
+
+
+def test_no_module_of_pool_imports_a_layer_above_its_own() -> None:
     graph = _graph()
-    assert graph["pool._pool"], "the import graph was read"  # the parser sees imports
+    assert {layer_of(m) for m in graph} == set(LAYERS), "every layer has modules"
+    assert _upward(graph) == []
+
+
+def test_pool_modules_import_no_cycle_counting_type_checking_imports() -> None:
+    graph = _graph()
+    assert graph["pool._pool"], "the import graph was read"
     assert _cycle(graph) is None, f"import cycle: {' -> '.join(_cycle(graph) or [])}"
 
 
-def test_cycle_finder_finds_a_planted_cycle() -> None:
-    """The check above can fail: a planted a -> b -> a is reported."""
+def test_the_checks_can_fail() -> None:
+    """A planted circle and a planted upward import are reported."""
     assert _cycle({"a": {"b"}, "b": {"a"}, "c": set()}) == ["a", "b", "a"]
+    planted = {"pool.transport._native": {"pool.connections._handle"}}
+    assert _upward(planted) == [
+        "pool.transport._native (transport) -> pool.connections._handle (connections)"
+    ]
+    tree = ast.parse("isinstance(x, NativeClient)\nfrom gradio_client import Client\n")
+    assert _forbidden_names(tree, "pool._request") == ["NativeClient"]
+    assert _gradio_client_imports(tree) == ["gradio_client"]
+
+
+def _gradio_client_imports(tree: ast.AST) -> list[str]:
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and not node.level:
+            found += [node.module or ""] if (node.module or "").startswith("gradio_client") else []
+        elif isinstance(node, ast.Import):
+            found += [a.name for a in node.names if a.name.startswith("gradio_client")]
+    return found
+
+
+def _forbidden_names(tree: ast.AST, module: str) -> list[str]:
+    """Transport implementation classes named (imported, tested, used) in ``module``."""
+    allowed = COMPOSITION_ROOT.get(module, set())
+    found = []
+    for node in ast.walk(tree):
+        name = None
+        if isinstance(node, ast.Name):
+            name = node.id
+        elif isinstance(node, ast.Attribute):
+            name = node.attr
+        elif isinstance(node, ast.alias):
+            name = node.asname or node.name.rpartition(".")[2]
+        if name in IMPLEMENTATIONS and name not in allowed:
+            found.append(name)
+    return found
+
+
+def test_gradio_client_is_imported_only_by_the_transport() -> None:
+    outside = {
+        str(p.relative_to(ROOT)): names
+        for p in _sources()
+        if "pool/transport/" not in p.as_posix()
+        and (names := _gradio_client_imports(ast.parse(p.read_text())))
+    }
+    assert outside == {}
+
+
+def test_nothing_above_the_transport_names_a_transport_implementation() -> None:
+    """Above ``pool/transport`` a connection is a SpaceClient: no isinstance test, no
+    attribute, no import of a transport's own class (the pool picks its opener once)."""
+    outside = {
+        str(p.relative_to(ROOT)): names
+        for p in _sources()
+        if "pool/transport/" not in p.as_posix()
+        and (names := _forbidden_names(ast.parse(p.read_text()), _module_name(p)))
+    }
+    assert outside == {}
 
 
 def test_no_function_in_the_pool_module_is_over_60_lines() -> None:

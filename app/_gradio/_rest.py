@@ -5,12 +5,11 @@ the outputs as ``data`` (whole, not diffs: ``simple_format``).
 
 An event of this form runs like a ``queue/join`` (the same admission and session
 pinning) in a session of its own unless the caller names one; its stream is read by
-the GET, once.
+the GET, once, on any worker (the call's session is found through the coordinator).
 """
 
 from __future__ import annotations
 
-import asyncio
 import json
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -18,15 +17,13 @@ from typing import Any
 
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
-from gradio_client import utils as gradio_utils
 
 from pool import InvalidRequest, get_pool
+from pool.transport import apply_diff
 
 from .._boundary import BadJson, parse_json
-from ._session import EventRequest, FrontSession, FrontSessions
-from ._upstream import served
-
-KEEPALIVE_S = 15.0
+from ._front_sessions import EventRequest, FrontSession, FrontSessions
+from ._space_view import served
 
 
 async def call_post(
@@ -54,20 +51,19 @@ async def call_post(
     given = body.get("session_hash")
     session_hash = given if isinstance(given, str) and given else uuid.uuid4().hex
     event = await event_of(request, {"fn_index": endpoint.fn_index, "data": data})
-    session = front.open(scope, session_hash, get_pool().hash_user(event.email))
-    event_id = await session.join(get_pool(), event)
-    front.rest[event_id] = (session, not isinstance(given, str) or not given)
+    session = await front.open(scope, session_hash, event.email)
+    event_id = await session.join(event)
+    await front.remember_call(event_id, session, not isinstance(given, str) or not given)
     return JSONResponse({"event_id": event_id})
 
 
-async def call_get(request: Request, front: FrontSessions, user: str | None) -> Response:
+async def call_get(request: Request, front: FrontSessions, email: str | None) -> Response:
     """``GET call/{api_name}/{event_id}``: the event's messages in the REST form (its
     own user's only)."""
     event_id = str(request.path_params["event_id"])
-    found = front.rest.get(event_id)
-    if found is None or found[0].user != user:
+    found = await front.recall(event_id, email)
+    if found is None:
         return JSONResponse({"detail": "Not Found"}, status_code=404)
-    del front.rest[event_id]
     session, own = found
     stream = _rest_stream(front, session, str(request.path_params["event_id"]), own)
     return StreamingResponse(stream, media_type="text/event-stream",
@@ -78,14 +74,12 @@ async def _rest_stream(
     front: FrontSessions, session: FrontSession, event_id: str, own: bool
 ) -> AsyncIterator[str]:
     outputs: list[Any] | None = None
-    session.streams += 1
     try:
-        while True:
-            try:
-                msg = await asyncio.wait_for(session.outbox.get(), KEEPALIVE_S)
-            except TimeoutError:
+        async for item in session.messages():
+            if item is None:
                 yield "event: heartbeat\ndata: null\n\n"
                 continue
+            msg, _ = item
             if msg.get("event_id") != event_id:
                 continue
             kind, output = msg.get("msg"), msg.get("output") or {}
@@ -98,7 +92,6 @@ async def _rest_stream(
                 yield f"event: {'complete' if success else 'error'}\ndata: {json.dumps(data)}\n\n"
                 return
     finally:
-        session.streams -= 1
         if own:
             front.end_later(session)
 
@@ -111,5 +104,5 @@ def _whole(previous: list[Any] | None, data: list[Any]) -> list[Any]:
     for i, diff in enumerate(data):
         if i >= len(merged):
             merged.append(None)
-        merged[i] = gradio_utils.apply_diff(merged[i], diff)
+        merged[i] = apply_diff(merged[i], diff)
     return merged

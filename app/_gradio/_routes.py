@@ -3,14 +3,16 @@
 The routes both clients call (gradio_client client.py, utils.py ``*_URL``; @gradio/client
 ``client/js/src/constants.ts``), as a Space answers them (gradio/routes.py): ``config``,
 and under ``gradio_api/``: ``info``, ``app_id``, ``queue/join``, ``queue/data``,
-``cancel``, ``reset``, ``heartbeat/{session_hash}``, ``upload``, ``file={path}``.
-Each event goes through the admission of ``/api/predict`` (:mod:`._session`); the
+``cancel``, ``reset``, ``heartbeat/{session_hash}``, ``upload``, ``file={path}``; and
+``login``/``logout`` with Gradio's login check for a Space behind one (:mod:`._login`).
+Each event goes through the admission of ``/api/predict`` (:mod:`._front_sessions`); the
 user is the ``X-Spacepool-User`` header, the API token (``POOL_API_TOKEN``) a bearer
-header. Busy is the Space's own answer to a full queue, a 503 on ``queue/join``,
-which gradio_client raises as ``QueueError`` and @gradio/client reports as its
-"This application is currently busy" status. Uploads are kept by the service (the
-event's Space gets its own copy when the event is joined); output files are served
-by the service from the Space that made them.
+header. A join is answered at once and its event waits in the pool's queue, as on a
+Gradio server (docs/gradio-front.md, "Queueing"); busy is the Space's own answer to a
+full queue, a 503 on ``queue/join``, which gradio_client raises as ``QueueError`` and
+@gradio/client reports as its "This application is currently busy" status. Uploads
+are kept by the service (the event's Space gets its own copy when the event is
+joined); output files are served by the service from the Space that made them.
 """
 
 from __future__ import annotations
@@ -20,7 +22,6 @@ import contextlib
 import functools
 import json
 import math
-import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
@@ -29,19 +30,18 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.datastructures import UploadFile
 
-from pool import BusyError, InvalidRequest, PoolError, get_pool
-from pool.transport import safe_name
+from pool import BusyError, InvalidRequest, Pool, PoolError, check_outbound, get_pool
+from pool.transport import SpaceTransport, safe_name
 
 from .._auth import require_api_token
 from .._boundary import BadJson, parse_json, upload_id, upload_token
 from .._errors import describe
-from .._files import FileStore, file_response
+from .._filestore import FileStore, file_response
 from .._logging import context_of
 from .._schemas import EMAIL_MAX_CHARS, is_email
-from .._settings import ServiceSettings
-from . import _rest
-from ._rewrite import rewriter
-from ._session import (
+from .._settings import settings_of
+from . import _login, _rest
+from ._front_sessions import (
     EventRequest,
     FrontBusy,
     FrontSession,
@@ -49,28 +49,24 @@ from ._session import (
     FrontUnavailable,
     NotYours,
 )
-from ._upstream import file_headers, front_config, open_file, served, transport_of
+from ._rewrite import rewriter
+from ._space_view import file_headers, front_config, open_file, served, transport_of
 
 USER_HEADER = "x-spacepool-user"
-KEEPALIVE_S = 15.0  # gradio/utils.py get_heartbeat_rate
-# Our heartbeat stream writes more often than a Space's: a client that went away (whose
-# close does not shut the socket: gradio_client) is seen at the next write.
-ALIVE_S = 5.0
+# The heartbeat's cadence until the Space's own is known (it is measured on the Space's
+# streams: pool/transport/_space.py ``Cadence``), and the longest.
+ALIVE_S, ALIVE_MAX_S = 1.0, 30.0
 MAX_UPLOADS = 16  # files in one upload request
 _SSE = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 Endpoint = Callable[[Request], Awaitable[Response]]
-router = APIRouter(dependencies=[Depends(require_api_token)], include_in_schema=False)
+router = APIRouter(include_in_schema=False)
+_TOKEN = [Depends(require_api_token)]
 
 
 def sessions(request: Request) -> FrontSessions:
     front: FrontSessions = request.app.state.gradio_sessions
     return front
-
-
-def _settings(request: Request) -> ServiceSettings:
-    settings: ServiceSettings = request.app.state.settings
-    return settings
 
 
 def _scope(request: Request) -> str | None:
@@ -94,21 +90,30 @@ def _email(request: Request) -> str | None:
     return value or None
 
 
-def _user(request: Request) -> str | None:
-    """The keyed hash of the request's user (a front session's owner)."""
-    return get_pool().hash_user(_email(request))
-
-
 def _error(exc: BaseException) -> Response:
     """A failure as a Space answers it: ``{"detail": ...}``; busy as a full queue."""
     if isinstance(exc, FrontUnavailable):
         return JSONResponse({"detail": str(exc)}, status_code=501)
     problem = describe(exc)
-    detail = problem.body.get("message") or problem.body.get("error") or "error"
+    message = str(problem.body.get("message") or problem.body.get("error") or "error")
+    detail: str | list[dict[str, Any]] = message
     if isinstance(exc, BusyError) or problem.status == 503:
-        detail = f"Queue is full. {detail}"
+        detail = f"Queue is full. {message}"
+    elif problem.status == 422:
+        detail = [_invalid(message)]
     return JSONResponse({"detail": detail, **problem.body}, status_code=problem.status,
                         headers=problem.headers)  # fmt: skip
+
+
+def _invalid(message: str) -> dict[str, Any]:
+    """A refused input as Gradio's validators answer a join's 422 (``detail``: a list of
+    these; gradio/routes.py ``queue_join``'s ``validator_error``): the clients read it
+    (gradio_client ``utils.extract_validation_message`` → ``ValidationError``;
+    @gradio/client shows ``detail``). Our messages start with where: ``data[0]: …``."""
+    where, sep, what = message.partition(": ")
+    if not sep or " " in where:
+        where, what = "data", message
+    return {"__type__": "validate", "is_valid": False, "parameter_name": where, "message": what}
 
 
 # -- config and API ----------------------------------------------------------------------
@@ -142,7 +147,7 @@ async def upload(request: Request) -> Response:
     ``POOL_MAX_UPLOAD_BYTES`` per file, counted in ``POOL_FILE_MAX_TOTAL_BYTES``,
     expiring after ``POOL_FILE_TTL_S``); answered with opaque ids, which the trust
     boundary turns back into the file when an event names one (app._boundary)."""
-    store, limit = _store(request), _settings(request).max_upload_bytes
+    store, limit = _store(request), settings_of(request).max_upload_bytes
     paths: list[str] = []
     async with request.form(max_files=MAX_UPLOADS, max_fields=MAX_UPLOADS) as form:
         for item in form.getlist("files"):
@@ -173,7 +178,7 @@ def _space_path(path: str) -> str | None:
 
 async def file(request: Request) -> Response:
     """``GET file={path}``: an upload of ours, or the Space's file (streamed); inert
-    on this origin either way (app._files.inert_headers)."""
+    on this origin either way (app._filestore.inert_headers)."""
     path = str(request.path_params["path"])
     token = upload_token(path)
     if token is not None:
@@ -212,42 +217,87 @@ async def _body(request: Request) -> Any:
 
 
 async def join(request: Request) -> Response:
+    """The event queued and named at once (gradio/routes.py ``queue_join``); it waits
+    in the pool's queue (:meth:`FrontSession.join`)."""
     body = await _body(request)
     session_hash = body.get("session_hash") if isinstance(body, dict) else None
     if not isinstance(session_hash, str) or not session_hash:
         return JSONResponse({"detail": "session_hash is required"}, status_code=400)
     event = await _event(request, body)
-    session = sessions(request).open(_scope(request), session_hash, _user(request))
-    event_id = await session.join(get_pool(), event)
+    session = await sessions(request).open(_scope(request), session_hash, event.email)
+    event_id = await session.join(event)
     context_of(request).space = session.space
     return JSONResponse({"event_id": event_id})
 
 
+# The join body's fields other than data, fn_index and session_hash, as a Space takes
+# them (gradio/data_classes.py ``PredictBody``), each with the type it must have; passed
+# to the Space as sent. (``event_id`` is the Space's to give; ``batched`` its own queue's.)
+_FIELDS: dict[str, type] = {
+    "event_data": object,
+    "trigger_id": int,
+    "oauth_token": str,  # the caller's, for an endpoint taking a gr.OAuthToken
+    "simple_format": bool,
+}
+
+
+def _fields(body: dict[str, Any]) -> dict[str, Any]:
+    """The rest of the join body (:data:`_FIELDS`); 422 for a field of the wrong type."""
+    fields: dict[str, Any] = {}
+    for name, kind in _FIELDS.items():
+        value = body.get(name)
+        if value is None:
+            continue
+        if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+            raise InvalidRequest(f"{name} must be {kind.__name__}")
+        fields[name] = value
+    return fields
+
+
+async def _screened(pool: Pool, scope: str | None, payload: list[Any]) -> None:
+    """The outbound secret guard of the scope's Spaces (as each event's lease applies
+    it), before the event is queued: a refusal is the join's 4xx."""
+    guard = pool.settings.secret_guard
+    names = [scope] if scope is not None else list(pool.spaces)
+    if guard == "on" or (guard == "auto" and any(pool.spaces[n].spec.is_hub for n in names)):
+        await asyncio.to_thread(check_outbound, tuple(payload), {})
+
+
 async def _event(request: Request, body: dict[str, Any]) -> EventRequest:
+    email = _email(request)
+    context_of(request).user = get_pool().hash_user(email)
+    return await event_of(sessions(request), _scope(request), body, email, _front_root(request))
+
+
+async def event_of(
+    front: FrontSessions, scope: str | None, body: dict[str, Any], email: str | None,
+    front_root: str,
+) -> EventRequest:  # fmt: skip
+    """The event of a join ``body`` (checked: the function, the data, the other fields,
+    the trust boundary, the secret guard), on the worker that got the join or on the
+    session's runner it was handed to (:meth:`FrontSession.join`)."""
     pool = get_pool()
-    scope = _scope(request)
     _, _, app = await served(pool, scope)
     fn_index, data = body.get("fn_index"), body.get("data")
     if not isinstance(fn_index, int) or fn_index not in app.endpoints:
         raise InvalidRequest(f"no function {fn_index!r} in this app")
     if not isinstance(data, list):
         raise InvalidRequest("data must be a list")
-    settings = _settings(request)
-    data = sessions(request).boundary.values(data, "data")
+    fields = _fields(body)
+    await front.known_outputs(data)  # relayed by another worker of the fleet, perhaps
+    data = front.boundary.values(data, "data")
+    await _screened(pool, scope, [*data, *fields.values()])
     endpoint = app.endpoints[fn_index]
-    email = _email(request)
-    context_of(request).user = pool.hash_user(email)
     return EventRequest(
         api_name=endpoint.api_name if endpoint.public else None, fn_index=fn_index, data=data,
-        email=email,
-        queue_timeout_s=min(settings.gradio_queue_wait_s, pool.settings.queue_timeout_s),
-        front_root=_front_root(request),
+        email=email, queue_timeout_s=pool.settings.queue_timeout_s,
+        front_root=front_root, fields=fields, body=body,
     )  # fmt: skip
 
 
 async def data(request: Request) -> Response:
     session_hash = request.query_params.get("session_hash", "")
-    session = sessions(request).get(_scope(request), session_hash, _user(request))
+    session = await sessions(request).find(_scope(request), session_hash, _email(request))
     if session is None:
         return JSONResponse({"detail": "Not Found"}, status_code=404)
     return StreamingResponse(_stream(session), media_type="text/event-stream", headers=_SSE)
@@ -255,30 +305,27 @@ async def data(request: Request) -> Response:
 
 async def _stream(session: FrontSession) -> AsyncIterator[str]:
     """The session's messages (gradio/routes.py ``queue_data``): heartbeats while idle;
-    ends with ``close_stream`` once no event is pending."""
-    session.streams += 1
+    ends with ``close_stream`` once no event is pending. The messages come through the
+    coordinator: this worker need not be the one running the events."""
     try:
-        while True:
-            try:
-                msg = await asyncio.wait_for(session.outbox.get(), KEEPALIVE_S)
-            except TimeoutError:
+        async for item in session.messages():
+            if item is None:
                 yield 'data: {"msg": "heartbeat"}\n\n'
                 continue
-            session.touched = time.monotonic()
+            msg, last = item
             yield f"data: {json.dumps(msg)}\n\n"
-            if session.delivered(msg):
+            if last:
                 yield 'data: {"msg": "close_stream"}\n\n'
                 return
     finally:
-        session.streams -= 1
-        session.touched = time.monotonic()
+        session.touch()
 
 
 async def cancel(request: Request) -> Response:
     body = await _body(request)
     if isinstance(body, dict):
         hashed = str(body.get("session_hash", ""))
-        session = sessions(request).get(_scope(request), hashed, _user(request))
+        session = await sessions(request).find(_scope(request), hashed, _email(request))
         if session is not None:
             await session.cancel(str(body.get("event_id", "")))
     return JSONResponse({"success": True})
@@ -291,23 +338,37 @@ async def reset(request: Request) -> Response:
 
 async def heartbeat(request: Request) -> Response:
     """Keeps the session alive; when the client closes it the session ends (its
-    events cancelled, the upstream session's heartbeat closed)."""
+    events cancelled, its core session closed)."""
     front = sessions(request)
     hashed = str(request.path_params["session_hash"])
-    session = front.open(_scope(request), hashed, _user(request))
-    return StreamingResponse(_beats(front, session), media_type="text/event-stream",
+    session = await front.open(_scope(request), hashed, _email(request))
+    transport = None
+    with contextlib.suppress(PoolError, FrontUnavailable):  # none answers: the default
+        _, transport, _ = await served(get_pool(), _scope(request))
+    return StreamingResponse(_beats(front, session, transport), media_type="text/event-stream",
                              headers=_SSE)  # fmt: skip
 
 
-async def _beats(front: FrontSessions, session: FrontSession) -> AsyncIterator[str]:
+async def _beats(
+    front: FrontSessions, session: FrontSession, served_by: SpaceTransport | None
+) -> AsyncIterator[str]:
+    """``ALIVE`` at the Space's own cadence (gradio/routes.py ``heartbeat``), as the
+    pool last measured it on the session's Space (else the served one's; measured now
+    if it never was), or every :data:`ALIVE_S` until it is: a client that changes
+    session leaves this stream at its next line (gradio_client ``_stream_heartbeat``),
+    and one that went away is seen at the next write."""
     session.heartbeats += 1
     try:
         while True:
             yield "data: ALIVE\n\n"
-            await asyncio.sleep(ALIVE_S)
+            space = session.transport or served_by
+            cadence = space.cadence.interval_s if space is not None else None
+            if space is not None and cadence is None:
+                space.measure_cadence()
+            await asyncio.sleep(ALIVE_S if cadence is None else min(ALIVE_MAX_S, cadence))
     finally:
         session.heartbeats -= 1
-        session.touched = time.monotonic()
+        session.touch()
         if session.heartbeats == 0:
             front.end_later(session)
 
@@ -317,15 +378,26 @@ async def call_post(request: Request) -> Response:
 
 
 async def call_get(request: Request) -> Response:
-    return await _rest.call_get(request, sessions(request), _user(request))
+    return await _rest.call_get(request, sessions(request), _email(request))
 
 
-def _answering(endpoint: Endpoint) -> Endpoint:
-    """``endpoint`` with our failures answered as a Space answers its own."""
+async def login(request: Request) -> Response:
+    return await _login.login(request, _scope(request), _front_root(request))
+
+
+async def logout(request: Request) -> Response:
+    return _login.logout(_scope(request), _front_root(request))
+
+
+def _answering(endpoint: Endpoint, *, checked: bool = True) -> Endpoint:
+    """``endpoint`` with our failures answered as a Space answers its own; ``checked``:
+    behind the scope's Gradio login, if it has one (:mod:`._login`)."""
 
     @functools.wraps(endpoint)
     async def answered(request: Request) -> Response:
         try:
+            if checked and (refused := await _login.refusal(request, _scope(request))):
+                return refused
             return await endpoint(request)
         except (PoolError, FrontUnavailable) as exc:
             return _error(exc)
@@ -359,7 +431,10 @@ def _add(base: str) -> None:
         (api + "/call/{api_name}", call_post, ["POST"]),
         (api + "/call/{api_name}/{event_id}", call_get, ["GET"]),
     ):
-        router.add_api_route(path, _answering(endpoint), methods=methods)
+        router.add_api_route(path, _answering(endpoint), methods=methods, dependencies=_TOKEN)
+    # Not behind POOL_API_TOKEN: gradio_client's _login sends no headers (client.py).
+    router.add_api_route(base + "/login", _answering(login, checked=False), methods=["POST"])
+    router.add_api_route(base + "/logout", _answering(logout, checked=False), methods=["GET"])
 
 
 _add("/gradio")

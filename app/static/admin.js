@@ -13,6 +13,10 @@
 
 (() => {
   const STATS_URL = "/api/admin/pool-stats";
+  const USAGE_URL = "/api/admin/usage";
+  const USAGE_MS = 10000;
+  const DAY_MS = 24 * 3600 * 1000;
+  const SVG = "http://www.w3.org/2000/svg";
   const KEY = "spacepool.adminToken";
   const POLL_MS = 2000;
   const STALE_MS = 5000;
@@ -30,6 +34,7 @@
   let lastHealth = null;
   let memoryToken = null; // used only when sessionStorage is unavailable
   let cards = 0; // ids for the Space cards' headings
+  let usageAt = 0; // when the usage was last asked for
 
   // -- token --------------------------------------------------------------------------
   function token() {
@@ -298,7 +303,113 @@
     }
   }
 
+  // -- API keys' usage ------------------------------------------------------------------
+  function cell(text, cls) {
+    const td = document.createElement("td");
+    td.textContent = text;
+    if (cls) td.className = cls;
+    return td;
+  }
+
+  function errorsText(errors) {
+    const parts = Object.keys(errors || {}).sort().map((k) => `${k} ${errors[k]}`);
+    return parts.length ? parts.join(", ") : "none";
+  }
+
+  function renderUsage(data) {
+    const hours = Array.isArray(data.hours) ? data.hours : [];
+    const byKey = new Map();
+    for (const row of hours) {
+      const id = String(row.key_id);
+      if (!byKey.has(id)) byKey.set(id, { name: String(row.key || id), rows: [] });
+      byKey.get(id).rows.push(row);
+    }
+    const container = $("keys");
+    container.replaceChildren();
+    const end = Date.now();
+    for (const [id, key] of [...byKey].sort((a, b) => a[1].name.localeCompare(b[1].name))) {
+      const card = document.createElement("article");
+      card.className = "card key";
+      card.tabIndex = 0;
+      card.dataset.key = key.name;
+      const title = document.createElement("h3");
+      title.id = `key-${id}-title`;
+      title.textContent = key.name;
+      card.setAttribute("aria-labelledby", title.id);
+      const recent = key.rows.filter((r) => end - Date.parse(r.hour) <= DAY_MS);
+      const calls = key.rows.reduce((n, r) => n + r.calls, 0);
+      const spaceS = key.rows.reduce((n, r) => n + r.space_s, 0);
+      card.dataset.calls = String(calls);
+      const svg = document.createElementNS(SVG, "svg");
+      svg.setAttribute("class", "key-chart");
+      svg.setAttribute("viewBox", "0 0 240 60");
+      svg.setAttribute("preserveAspectRatio", "none");
+      svg.setAttribute("role", "img");
+      svg.setAttribute("aria-label", `${key.name}: calls (bars) and Space-seconds (dashed line) per hour, last 24 hours`);
+      // 24 hourly slots: calls as bars, Space-seconds as a dashed line over them.
+      const slot = (iso) => Math.min(23, Math.max(0, Math.floor((Date.parse(iso) - (end - DAY_MS)) / 3600000)));
+      const topCalls = Math.max(1, ...recent.map((r) => r.calls));
+      const topSpace = Math.max(1e-9, ...recent.map((r) => r.space_s));
+      let line = "";
+      for (const r of [...recent].sort((a, b) => Date.parse(a.hour) - Date.parse(b.hour))) {
+        const bar = document.createElementNS(SVG, "rect");
+        const height = Math.max(1, (r.calls / topCalls) * 54);
+        bar.setAttribute("class", "calls");
+        bar.setAttribute("x", String(slot(r.hour) * 10 + 0.5));
+        bar.setAttribute("width", "9");
+        bar.setAttribute("y", (58 - height).toFixed(1));
+        bar.setAttribute("height", height.toFixed(1));
+        svg.append(bar);
+        const y = (58 - (r.space_s / topSpace) * 54).toFixed(1);
+        line += `${line ? " L" : "M"}${slot(r.hour) * 10} ${y} L${slot(r.hour) * 10 + 10} ${y}`;
+      }
+      const path = document.createElementNS(SVG, "path");
+      path.setAttribute("class", "space");
+      path.setAttribute("d", line);
+      svg.append(path);
+      svg.dataset.points = String(recent.length);
+      const fine = document.createElement("p");
+      fine.className = "fine";
+      const errors = {};
+      for (const r of key.rows) for (const [k, v] of Object.entries(r.errors || {})) errors[k] = (errors[k] || 0) + v;
+      fine.textContent = `${calls} calls · ${spaceS.toFixed(1)} Space-s · errors: ${errorsText(errors)} (7 days)`;
+      card.append(title, svg, fine);
+      container.append(card);
+    }
+    $("key-count").textContent = `(${byKey.size})`;
+    const body = $("top-users");
+    body.replaceChildren();
+    for (const u of (Array.isArray(data.users) ? data.users : []).slice(0, 10)) {
+      const tr = document.createElement("tr");
+      tr.append(cell(String(u.key || u.key_id)), cell(String(u.user), "user"), cell(String(u.calls)),
+                cell(errorsText(u.errors)), cell(Number(u.space_s).toFixed(1)), cell(Number(u.wait_s).toFixed(1)));
+      body.append(tr);
+    }
+  }
+
+  async function pollUsage(bearer, mine) {
+    if (Date.now() - usageAt < USAGE_MS) return;
+    usageAt = Date.now();
+    try {
+      const response = await fetch(USAGE_URL, {
+        headers: { Authorization: "Bearer " + bearer, Accept: "application/json" },
+        cache: "no-store",
+        credentials: "omit",
+        referrerPolicy: "no-referrer",
+      });
+      if (!response.ok || mine !== generation) return;
+      const data = await response.json();
+      if (mine === generation) renderUsage(data);
+    } catch (e) {
+      /* the next round tries again */
+    }
+  }
+
   function clearDashboard() {
+    $("keys").replaceChildren();
+    $("top-users").replaceChildren();
+    $("key-count").textContent = "";
+    usageAt = 0;
     $("spaces").replaceChildren();
     $("space-count").textContent = "";
     for (const el of document.querySelectorAll("#dashboard [data-stat]")) fill(el, undefined);
@@ -374,6 +485,7 @@
       $("dashboard").hidden = false;
       $("forget").hidden = false;
       render(data);
+      pollUsage(bearer, mine);
       lastOk = Date.now();
       lastOkText = utc(new Date(lastOk).toISOString()).slice(11);
       failure = "";

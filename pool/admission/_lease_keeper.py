@@ -18,7 +18,9 @@ for each process is the same for both stores, so it lives here once
   slow for Redis (a safety net behind pub/sub). A poll also lets the store reclaim
   expired entries, so no external janitor is needed.
 * **One heartbeat per process** renews every local lease and waiter entry each
-  ``lease_ttl/3``, and retries a failed renewal every ``min(lease_ttl/9, 0.5 s)``.
+  ``lease_ttl/3``, and retries a failed renewal every ``min(lease_ttl/9, 0.5 s)``: the
+  rhythm of every owner in the fleet (:mod:`pool.admission._ownership`, which durable
+  jobs follow too).
   A SIGKILLed process stops renewing; anybody's next pass reclaims its slots and
   queue entries after ``lease_ttl``.
 * **Self-fencing.** Each lease knows its *local expiry*: the send time of the last
@@ -60,6 +62,7 @@ from typing import Any, Protocol, TypeVar
 
 from .._exceptions import BusyError, MisuseError, PoolClosedError
 from .._tasks import cancel_and_wait
+from ._ownership import Heartbeat
 from ._protocol import AdmissionSnapshot, Lease, StoreUnavailable, WaitTicket, new_id
 from ._rule import INTERACTIVE, bottleneck_capacity, estimate_wait_s, limit_lookup
 from ._values import GuardedValues, SharedValues
@@ -532,22 +535,19 @@ class SharedCoordinator:
             self._learn(view)
 
     async def _heartbeat_loop(self) -> None:
-        period = self.lease_ttl_s / 3
-        retry = min(period / 3, 0.5)
-        delay = period
-        while True:
-            await asyncio.sleep(delay)
-            started = time.monotonic()
-            try:
-                await self._heartbeat(timeout=period)
-            except StoreUnavailable as exc:
-                self._set_reachable(False, exc)
-                self._expire_waiters()
-                delay = retry  # again soon: the leases' local expiry is coming
-            else:
-                self._set_reachable(True)
-                # A fixed rate, however long the renewal took (a loaded loop).
-                delay = max(0.0, started + period - time.monotonic())
+        """The owner's renewals, at the rhythm of :class:`~._ownership.Heartbeat`."""
+        rhythm = Heartbeat(self.lease_ttl_s)
+
+        def failed(exc: Exception) -> None:
+            self._set_reachable(False, exc)
+            self._expire_waiters()  # again soon: the leases' local expiry is coming
+
+        await rhythm.run(
+            lambda: self._heartbeat(timeout=rhythm.period_s),
+            failed=failed,
+            ok=lambda: self._set_reachable(True),
+            errors=(StoreUnavailable,),
+        )
 
     async def _heartbeat(self, *, timeout: float) -> None:
         """Renew every live lease and waiter, then retry the orphans' withdrawals.

@@ -63,6 +63,33 @@ class WaitTicket:
             self._changed = asyncio.Event()
         await self._changed.wait()
 
+    def parts(self, count: int) -> list[WaitTicket]:
+        """Tickets for one waiter queued for several Spaces at once (late binding,
+        pool/_attempt.py): each has this ticket's class, aging and arrival; this ticket
+        shows the best position and estimate among them."""
+        parts: list[WaitTicket] = []
+        for _ in range(count):
+            part = _Part(enqueued_at=self.enqueued_at, priority=self.priority,
+                         ages_after_s=self.ages_after_s)  # fmt: skip
+            part.whole, part.siblings = self, parts
+            parts.append(part)
+        return parts
+
+
+class _Part(WaitTicket):
+    """One of :meth:`WaitTicket.parts`: its changes reach the whole ticket."""
+
+    whole: WaitTicket
+    siblings: list[WaitTicket]
+
+    def update(self, **changes: object) -> None:
+        super().update(**changes)
+        placed = [t for t in self.siblings if t.position > 0] or self.siblings
+        self.whole.update(
+            position=min(t.position for t in placed),
+            estimate_s=min(t.estimate_s for t in placed),
+        )
+
 
 class Lease:
     """An owned grant of one slot on each of ``resources``; release it exactly once.

@@ -2,9 +2,14 @@
 
 Per namespace, two keys under the store's prefix: ``values:<ns>`` (HASH key → value)
 and ``vexp:<ns>`` (ZSET key scored by its deadline, ms on the server's clock). One
-small script (:data:`_SCRIPT`) does each operation on one namespace's two keys, so a
-scan of ``jobcancel:`` never reads the ``job:`` mirrors, and admission's script,
-which no longer has any value key, never waits behind a scan.
+small script (``values.lua``, beside this module) does each operation on one
+namespace's two keys, so a scan of ``jobcancel:`` never reads the ``job:`` mirrors,
+and admission's script, which no longer has any value key, never waits behind a scan.
+
+Every write is PUBLISHed (the key, on ``<prefix>changed``); one subscriber per
+process (:func:`listen`, started by the first watcher) wakes the key's watchers
+(:mod:`pool.admission._watch`). The admission store's grant channel uses the same
+:func:`listen`.
 
 Compare-and-set makes :meth:`RedisValues.update` atomic across processes; updates of
 one key from the same process take turns (a striped lock), so only other processes
@@ -15,8 +20,10 @@ otherwise).
 from __future__ import annotations
 
 import asyncio
-import random
+import contextlib
+import logging
 from collections.abc import Callable
+from contextlib import AbstractAsyncContextManager
 from typing import Any
 
 from redis.asyncio import Redis
@@ -24,8 +31,13 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ReadOnlyError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from .._retry import RetryPolicy
+from ._lua import load_script
 from ._protocol import StoreUnavailable
 from ._values import Update, namespace_of
+from ._watch import Changed, Watchers
+
+_log = logging.getLogger("spacepool.admission")
 
 # What means "Redis did not answer" (fail closed), for this module and the store's.
 UNREACHABLE = (RedisConnectionError, RedisTimeoutError, ReadOnlyError, OSError)
@@ -36,68 +48,46 @@ _PURGE = 256  # expired values dropped per write at most (a scan drops them all)
 # a call past the pool's size (100) as if Redis were unreachable.
 _IN_FLIGHT = 32
 
-_SCRIPT = r"""
--- KEYS: values:<ns> HASH, vexp:<ns> ZSET.  ARGV: op, key or prefix, op arguments.
-local VALUES, EXPIRY = KEYS[1], KEYS[2]
-local op, key = ARGV[1], ARGV[2]
-if redis.replicate_commands then redis.replicate_commands() end  -- TIME, then writes
-local clock = redis.call('TIME')
-local now = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
+_SCRIPT = load_script("values.lua")
+# A lost subscription is tried again after 0.05 s, then twice as long each time up to
+# 1 s, until it is back. (Not pool.resilience.RetryPolicy: resilience is a layer above
+# admission, tests/test_structure.py.)
+_CAS_BACKOFF = RetryPolicy(attempts=1, base_s=0.001, max_s=0.016)  # a lost compare-and-set
+_RESUBSCRIBE = RetryPolicy(attempts=1, base_s=0.05, max_s=1.0)  # jittered, 50 ms → 1 s
+_READY_S = 1.0  # a new watcher waits this long at most for the subscription
 
-local function purge(limit)
-  local due = limit and redis.call('ZRANGEBYSCORE', EXPIRY, '-inf', now, 'LIMIT', 0, limit)
-              or redis.call('ZRANGEBYSCORE', EXPIRY, '-inf', now)
-  for i = 1, #due, 512 do
-    local part = {unpack(due, i, math.min(i + 511, #due))}
-    redis.call('HDEL', VALUES, unpack(part))
-    redis.call('ZREM', EXPIRY, unpack(part))
-  end
-end
 
-local function live(k)
-  local deadline = redis.call('ZSCORE', EXPIRY, k)
-  if not deadline or tonumber(deadline) <= now then return false end
-  return redis.call('HGET', VALUES, k)
-end
-
-local function put(k, v, ttl_ms)
-  purge(tonumber(ARGV[#ARGV]))
-  redis.call('HSET', VALUES, k, v)
-  redis.call('ZADD', EXPIRY, now + ttl_ms, k)
-end
-
-if op == 'put' then
-  put(key, ARGV[3], tonumber(ARGV[4]))
-  return {'OK'}
-elseif op == 'get' then
-  return {'OK', live(key)}
-elseif op == 'del' then
-  redis.call('HDEL', VALUES, key)
-  redis.call('ZREM', EXPIRY, key)
-  return {'OK'}
-elseif op == 'cas' then
-  -- write ARGV[5] only if the live value is still ARGV[4] (ARGV[3] == '1'), or absent
-  -- (ARGV[3] == '0'); else answer the live value
-  local current = live(key)
-  local expected = false
-  if ARGV[3] == '1' then expected = ARGV[4] end
-  if current ~= expected then return {'CONFLICT', current} end
-  put(key, ARGV[5], tonumber(ARGV[6]))
-  return {'OK'}
-elseif op == 'scan' then
-  purge(nil)
-  local found = {}
-  local flat = redis.call('HGETALL', VALUES)
-  for i = 1, #flat, 2 do
-    if string.sub(flat[i], 1, #key) == key then
-      found[#found + 1] = flat[i]
-      found[#found + 1] = flat[i + 1]
-    end
-  end
-  return {'OK', found}
-end
-return {'ERROR', 'spacepool: unknown values op ' .. tostring(op)}
-"""
+async def listen(
+    client: Redis,
+    channel: str,
+    on_message: Callable[[str], None],
+    on_subscribed: Callable[[], None],
+    *,
+    where: str,
+) -> None:
+    """Subscribe to ``channel`` and hand each message to ``on_message``, forever: a
+    lost connection is reopened (backing off: :data:`_RESUBSCRIBE`), then
+    ``on_subscribed`` runs, as messages may have been lost while it was away."""
+    failures = 0
+    while True:
+        pubsub = client.pubsub()
+        try:
+            await pubsub.subscribe(channel)
+            failures = 0
+            on_subscribed()
+            while True:
+                message = await pubsub.get_message(ignore_subscribe_messages=True, timeout=5.0)
+                if message is not None and message["type"] == "message":
+                    on_message(str(message["data"]))
+        except UNREACHABLE as exc:
+            _log.debug("subscriber of %s lost redis %s: %s", channel, where, exc)
+        finally:
+            # Shielded: a cancel arriving while the connection closes must not leave
+            # it open (it would outlive the client's own close).
+            with contextlib.suppress(*UNREACHABLE):
+                await asyncio.shield(pubsub.aclose())  # type: ignore[no-untyped-call,unused-ignore]  # untyped before redis-py 8.2
+        failures += 1
+        await asyncio.sleep(_RESUBSCRIBE.delay(failures))
 
 
 class RedisValues:
@@ -112,6 +102,39 @@ class RedisValues:
         self._closed = closed
         self._locks = [asyncio.Lock() for _ in range(16)]
         self._in_flight = asyncio.Semaphore(_IN_FLIGHT)
+        self._client = client
+        self._watchers = Watchers(self._ready)
+        self._listener: asyncio.Task[None] | None = None
+        self._subscribed = asyncio.Event()
+
+    def watch(self, key: str) -> AbstractAsyncContextManager[Changed]:
+        return self._watchers.watch(key)
+
+    async def _ready(self) -> None:
+        """Start the subscriber if need be; wait (bounded) until it is subscribed."""
+        if self._closed():
+            return
+        if self._listener is None or self._listener.done():
+            self._listener = asyncio.get_running_loop().create_task(
+                listen(self._client, self._prefix + "changed", self._watchers.notify,
+                       self._on_subscribed, where=self._where),
+                name="spacepool-values-watch",
+            )  # fmt: skip
+        if not self._subscribed.is_set():
+            with contextlib.suppress(TimeoutError):  # woken when it is (notify_all)
+                async with asyncio.timeout(_READY_S):
+                    await self._subscribed.wait()
+
+    def _on_subscribed(self) -> None:
+        self._subscribed.set()
+        self._watchers.notify_all()
+
+    async def aclose(self) -> None:
+        """Stop the subscriber (before the client closes)."""
+        if self._listener is not None:
+            self._listener.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._listener
 
     async def _run(self, op: str, key: str, *args: str | int) -> list[Any]:
         if self._closed():  # a late call must not reconnect a closed client
@@ -153,7 +176,7 @@ class RedisValues:
                 if reply[0] == "OK":
                     return new
                 current = None if reply[1] is None or reply[1] is False else str(reply[1])
-                await asyncio.sleep(random.uniform(0, 0.001 * (attempt + 1)))
+                await asyncio.sleep(_CAS_BACKOFF.delay(attempt + 1))
         raise StoreUnavailable(f"redis {self._where}: value {key!r} keeps changing")
 
 

@@ -62,7 +62,8 @@ from bisect import bisect_left
 from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping, Sequence
 from typing import TypeVar
 
-CONSUMER_PREFIX = "consumer:"
+from .._consumer import CONSUMER_PREFIX as CONSUMER_PREFIX
+
 GLOBAL_RESOURCE = "backend:global"
 SPACE_PREFIX = "space:"
 

@@ -361,6 +361,7 @@ class _SQLiteStore:
 
     async def close(self) -> None:
         """Close the connection (the file's fds) and end the worker thread."""
+        await self.values.aclose()
         if self._thread is None:
             self._closed = True
             return

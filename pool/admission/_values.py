@@ -11,10 +11,14 @@ same store as admission (one URL to configure) but apart from it:
 * **Read by namespace, through an index.** A key's *namespace* is its text up to and
   including the first ``:`` (``"job:"`` for ``"job:abc"``; ``""`` without a colon).
   :meth:`SharedValues.scan` reads one namespace, never the others: a Redis hash per
-  namespace, a ``(ns, key)`` primary key in SQLite. So polling the few cancel
-  requests does not read ten thousand job mirrors.
+  namespace, a ``(ns, key)`` primary key in SQLite. So a sweep of the few
+  job index entries does not read ten thousand job mirrors.
 * **Expiry is data.** Each value has a deadline on the store's clock; a read never
   returns a value past it, and writes purge the namespace's expired values.
+
+A write anywhere in the fleet wakes this process's watchers of its key
+(:meth:`SharedValues.watch`, :mod:`pool.admission._watch`): readers wait for a change,
+they do not poll for one.
 
 A store that cannot be reached raises :class:`~pool.admission._protocol.StoreUnavailable`
 inside; the coordinator hands its values out wrapped (:class:`GuardedValues`, through
@@ -26,7 +30,10 @@ from __future__ import annotations
 
 import time
 from collections.abc import Awaitable, Callable
+from contextlib import AbstractAsyncContextManager
 from typing import Protocol, TypeVar
+
+from ._watch import Changed, Watchers
 
 Update = Callable[[str | None], str | None]
 T = TypeVar("T")
@@ -65,6 +72,11 @@ class SharedValues(Protocol):
         """
         ...
 
+    def watch(self, key: str) -> AbstractAsyncContextManager[Changed]:
+        """Wake-ups for the writes of ``key`` (put, update, delete) by any process, from
+        the moment the context is entered; never raises for an unreachable store."""
+        ...
+
 
 class MemoryValues:
     """One process's values: a dict per namespace."""
@@ -72,6 +84,7 @@ class MemoryValues:
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self._clock = clock
         self._spaces: dict[str, dict[str, tuple[str, float]]] = {}
+        self._watchers = Watchers()
 
     def _live(self, namespace: str) -> dict[str, tuple[str, float]]:
         found = self._spaces.setdefault(namespace, {})
@@ -82,6 +95,7 @@ class MemoryValues:
 
     async def put(self, key: str, value: str, ttl_s: float) -> None:
         self._live(namespace_of(key))[key] = (value, self._clock() + ttl_s)
+        self._watchers.notify(key)
 
     async def get(self, key: str) -> str | None:
         found = self._live(namespace_of(key)).get(key)
@@ -93,6 +107,7 @@ class MemoryValues:
 
     async def delete(self, key: str) -> None:
         self._live(namespace_of(key)).pop(key, None)
+        self._watchers.notify(key)
 
     async def update(self, key: str, update: Update, ttl_s: float) -> str | None:
         current = await self.get(key)  # no await in between: atomic on the loop
@@ -101,6 +116,9 @@ class MemoryValues:
             return current
         await self.put(key, new, ttl_s)
         return new
+
+    def watch(self, key: str) -> AbstractAsyncContextManager[Changed]:
+        return self._watchers.watch(key)
 
 
 class Guard(Protocol):
@@ -130,3 +148,6 @@ class GuardedValues:
 
     async def update(self, key: str, update: Update, ttl_s: float) -> str | None:
         return await self._guard(self._inner.update(key, update, ttl_s))
+
+    def watch(self, key: str) -> AbstractAsyncContextManager[Changed]:
+        return self._inner.watch(key)

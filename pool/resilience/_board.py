@@ -76,9 +76,11 @@ class HealthBoard:
         await self._apply_limit(name, after.window)
         return after
 
-    async def record(self, name: str, outcome: Outcome) -> SpaceHealth:
+    async def record(self, name: str, outcome: Outcome, at: int = 0) -> SpaceHealth:
+        """Feed one outcome (``at``: our calls at the Space when it was sent, 0: not
+        known; pool/resilience/_health.py)."""
         params = self.params
-        return await self.update(name, lambda h, now: record(h, outcome, now, params))
+        return await self.update(name, lambda h, now: record(h, outcome, now, params, at))
 
     async def take_probe(self, name: str) -> bool:
         """Become the half-open probe of ``name``; False if someone else is (or no probe

@@ -9,10 +9,36 @@ clock several hosts share.
 Window (AIMD, seed 004): start at ``initial``; +1 after ``grow_after`` successes in a
 row; halve on a provider failure; floor 1; ceiling = min(Space max, resource cap,
 logical limit). Caller errors and policy refusals are *neutral*: they move nothing.
-The Space's own queue is a signal too: a call that waited behind another in it
-(``congested``: -1) or a "Queue is full" (``refused``: halved) holds growth one below
-the window it happened at for ``HOLD_S``, so the window settles at the Space's real
-concurrency instead of piling calls into its queue (see docs/hub.md).
+
+The Space's own queue tells its limit (issue 31, docs/hub.md), measured at the Space
+from its own messages, never from the pool's view of its calls. Each outcome may say how
+many of our calls the Space held (``at``, itself included), each counted the way that
+errs on the safe side for what it is used for (pool/connections/_pacing.py):
+
+* ``prompt``: the Space had a worker free for it, and ``at`` of our calls ran there at
+  once when it started, counted from the Space's own start and completion messages
+  (pool/connections/_pacing.py): it runs at least ``at`` at once. A reading becomes the
+  record's ``floor`` once confirmed: a second prompt start read at least as high (one
+  reading alone is ``sighted``; a count may still read high once when two streams'
+  messages cross). A success otherwise.
+* ``congested``: it waited for a worker (the Space's last estimation before its start
+  said every worker was busy), ``at`` the most of our calls sent and not ended from its
+  join to its start: the Space runs fewer than ``at``: window ``at - 1`` at
+  most, its growth held there for ``HOLD_S``. One that contradicts the floor is a race
+  and moves nothing, once; twice in a row the floor comes down.
+* ``refused`` ("Queue is full" to a paced join; ``at`` as for a wait): the Space runs
+  and queues fewer than ``at``: window ``at - 1`` at most (and at most halved, never below the floor
+  without ``at``), held there; a provider failure for the breaker. One that contradicts
+  the floor (``at - 1`` below it) is a race and moves nothing, once; twice in a row
+  the floor comes down (another client's load).
+* ``raced``: "Queue is full" to a join sent before the Space's joins were paced (two
+  joins within one poll of its queue overflow ``max_size=1`` with workers free,
+  pool/connections/_pacing.py): maybe the limit, maybe a race: the window comes down as
+  for a refusal but not below the floor, and its growth is not held.
+
+So the window settles at the Space's real concurrency, at most its concurrency plus its
+queue, and each Space of an app learns its own. Without ``at`` (0: not known) a
+congested call steps the window back by one and a refusal halves it, as before.
 
 Breaker states, one line each::
 
@@ -36,7 +62,11 @@ from typing import Literal
 BreakerState = Literal["closed", "open", "half_open"]
 # congested: served, but only after waiting behind others in the Space's own queue;
 # refused: a provider failure that says the Space's queue is full ("Queue is full").
-Outcome = Literal["success", "failure", "neutral", "congested", "refused"]
+# prompt: served, and the Space had a worker free for it when it joined; raced: "Queue
+# is full" to a join sent while others were joining (pool/connections/_pacing.py).
+Outcome = Literal[
+    "success", "failure", "neutral", "congested", "refused", "prompt", "raced"
+]
 HOLD_S = 60.0  # how long a growth hold lasts after the Space's queue pushed back
 
 
@@ -74,6 +104,13 @@ class SpaceHealth:
     # above ``held_at`` until ``held_until``; a closing breaker or a wake lifts it.
     held_at: int = 0
     held_until: float = 0.0
+    # The most of our calls the Space has run at once with a worker free for the last
+    # (``prompt``), confirmed by a second such reading; and how many congested/refused
+    # calls in a row contradicted it.
+    floor: int = 0
+    doubts: int = 0
+    # The highest prompt reading above the floor, seen once (not yet confirmed).
+    sighted: int = 0
 
     # -- predicates ---------------------------------------------------------------------
     def waking(self, now: float) -> bool:
@@ -133,22 +170,53 @@ class SpaceHealth:
 
 
 # -- transitions: pure, no I/O -------------------------------------------------------------
-def record(h: SpaceHealth, outcome: Outcome, now: float, p: HealthParams) -> SpaceHealth:
-    """The record after one finished request."""
+def record(
+    h: SpaceHealth, outcome: Outcome, now: float, p: HealthParams, at: int = 0
+) -> SpaceHealth:
+    """The record after one finished request; ``at``: our calls the Space held, itself
+    included, as the module docstring says for each outcome (0: not known)."""
     h = dataclasses.replace(h, last_active=now)
+    if outcome == "prompt":
+        after = record(h, "success", now, p)
+        if after.breaker != "closed" or at <= 0:
+            return after
+        # Confirmed by two readings: the floor rises to the lower of this one and the
+        # highest seen before; the higher waits for its second.
+        reading = min(at, after.ceiling)
+        floor = max(after.floor, min(reading, after.sighted))
+        top = max(reading, after.sighted)
+        return dataclasses.replace(after, floor=floor, sighted=top if top > floor else 0,
+                                   doubts=0)  # fmt: skip
     if outcome == "congested":
         if h.breaker != "closed":  # served: the Space is alive (recovery as a success)
             return record(h, "success", now, p)
-        # Waited behind others in the Space's queue: our calls exceed its concurrency.
-        # Step back by one and hold growth there while the signal persists.
-        window = max(1, h.window - 1)
-        return dataclasses.replace(h, streak=0, failures=0, window=window,
-                                   held_at=window, held_until=now + HOLD_S)  # fmt: skip
+        # Waited for a worker (the Space said every one was busy): our calls exceed its
+        # concurrency. Step back below them and hold growth there — unless that
+        # contradicts the floor, once (a race: another client's event, an event that
+        # overran its average).
+        h = dataclasses.replace(h, streak=0, failures=0)
+        if at <= 0:
+            return _pushed_back(h, max(1, h.window - 1), now, sure=True)
+        return _pushed_back(h, max(1, at - 1), now)
+    if outcome == "raced":
+        after = record(h, "failure", now, p)  # the breaker counts it
+        if after is h or after.breaker != "closed":
+            return after
+        # Maybe the limit, maybe a burst's race: down as a refusal, never below the
+        # floor, growth not held (prompt starts bring it back at once if it was a race).
+        cap = max(1, h.window // 2, at - 1) if at > 0 else max(1, h.window // 2)
+        return dataclasses.replace(after, window=max(min(h.window, cap), min(h.floor, h.window)))
     if outcome == "refused":
         after = record(h, "failure", now, p)
         if after is h or after.breaker != "closed":
             return after  # booting (nothing moves), or the breaker decides now
-        return dataclasses.replace(after, held_at=max(1, h.window - 1), held_until=now + HOLD_S)
+        if at <= 0:  # halved, but not below what the Space showed it runs
+            window = max(after.window, min(h.floor, h.window))
+            return dataclasses.replace(after, window=window, held_at=max(1, h.window - 1),
+                                       held_until=now + HOLD_S)  # fmt: skip
+        # at most halved: a refusal at a low ``at`` is another client's load more often
+        cap = max(1, h.window // 2, at - 1)
+        return _pushed_back(dataclasses.replace(after, window=h.window), cap, now)
     if outcome == "neutral":
         # The Space answered (or nothing was sent): no signal about its capacity, but a
         # probe held for it is done.
@@ -177,6 +245,21 @@ def record(h: SpaceHealth, outcome: Outcome, now: float, p: HealthParams) -> Spa
     return h
 
 
+def _pushed_back(h: SpaceHealth, cap: int, now: float, *, sure: bool = False) -> SpaceHealth:
+    """The Space's queue said it takes fewer than ``cap + 1`` of our calls: window at
+    most ``cap``, growth held there — unless that contradicts the floor for the first
+    time in a row (a race: nothing moves; ``sure``: it was the second already)."""
+    floor, doubts = h.floor, 0
+    if cap < floor:
+        if h.doubts < 1 and not sure:
+            return dataclasses.replace(h, doubts=h.doubts + 1)
+        floor = cap  # twice in a row: the Space has less room now
+    window = min(h.window, cap)
+    sighted = h.sighted if h.sighted <= cap else 0  # a reading above the limit: a crossing
+    return dataclasses.replace(h, window=window, floor=floor, doubts=doubts, held_at=window,
+                               held_until=now + HOLD_S, sighted=sighted)  # fmt: skip
+
+
 def take_probe(h: SpaceHealth, now: float, p: HealthParams) -> SpaceHealth | None:
     """Half-open the breaker for one probe; None if no probe is due."""
     if not h.probe_due(now):
@@ -198,7 +281,8 @@ def end_wake(h: SpaceHealth, now: float) -> SpaceHealth:
     """The Space answers: awake since now, breaker and window start afresh."""
     return dataclasses.replace(
         h, wake_until=0.0, woke_at=now, paused=False, failures=0, breaker="closed",
-        open_until=0.0, probe_until=0.0, last_active=now, held_until=0.0,
+        open_until=0.0, probe_until=0.0, last_active=now, held_until=0.0, floor=0, doubts=0,
+        sighted=0,
     )  # fmt: skip
 
 

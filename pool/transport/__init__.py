@@ -1,4 +1,12 @@
-"""The Gradio wire protocol, asyncio-native: no thread, no poll, one HTTP client a Space.
+"""The transport layer: how a pooled connection talks to a Space, behind one interface.
+
+:class:`SpaceClient` / :class:`SpaceCall` / :class:`SpaceOpener` (:mod:`._interface`)
+are all the layers above see. Two transports implement them: the native one
+(:mod:`._native` on the wire protocol below) and the fallback (:mod:`._fallback`, a
+``gradio_client.Client`` per connection). Nothing above this package imports
+``gradio_client`` or asks which transport it holds.
+
+The Gradio wire protocol, asyncio-native: no thread, no poll, one HTTP client a Space.
 
 What it speaks (the facts and their Gradio sources are in ``docs/gradio-protocol.md``
 and in each module's docstring): the queue protocol of Gradio 4 to 6 —
@@ -26,13 +34,13 @@ diffs, ``view_api``'s dict). This package knows nothing of admission or pooling.
 
 What it does not speak: the ``ws`` and ``sse`` (v0) protocols of Gradio 3 —
 :class:`ProtocolNotSupported` — for which the pool falls back to a
-``gradio_client.Client`` (``pool/_legacy.py``), as it does with ``POOL_TRANSPORT=gradio_client``.
+``gradio_client.Client`` (:mod:`._fallback`), as it does with ``POOL_TRANSPORT=gradio_client``.
 """
 
 from __future__ import annotations
 
 from ._affinity import Affinity
-from ._app import NATIVE_PROTOCOLS, AppInfo, Endpoint, ProtocolNotSupported
+from ._app import NATIVE_PROTOCOLS, AppInfo, Endpoint, ProtocolNotSupported, apply_diff
 from ._events import (
     ProgressUnit,
     UpstreamDone,
@@ -43,6 +51,7 @@ from ._events import (
     UpstreamQueued,
     UpstreamStarted,
 )
+from ._fallback import FallbackClient, FallbackOpener, GradioFactory, quiet_gradio_env
 from ._feed import Feed
 from ._files import (
     Downloaded,
@@ -50,11 +59,15 @@ from ._files import (
     SpaceFile,
     TooLarge,
     download_to,
+    file_arg,
     file_url,
+    is_url,
     safe_name,
     space_files_in,
 )
-from ._session import EVENTS_KEEP, Call, CallCancelled, Relay, Session, SessionDropped
+from ._interface import Relay, Replica, SpaceCall, SpaceClient, SpaceOpener
+from ._native import NativeClient, NativeOpener
+from ._queue import EVENTS_KEEP, Call, CallCancelled, Session, SessionDropped
 from ._space import RateLimited, ShortBody, SpaceTransport
 
 __all__ = [
@@ -66,16 +79,25 @@ __all__ = [
     "CallCancelled",
     "Downloaded",
     "Endpoint",
+    "FallbackClient",
+    "FallbackOpener",
     "Feed",
+    "GradioFactory",
+    "NativeClient",
+    "NativeOpener",
     "ProgressUnit",
     "ProtocolNotSupported",
     "RateLimited",
     "Redirected",
     "Relay",
+    "Replica",
     "Session",
     "SessionDropped",
     "ShortBody",
+    "SpaceCall",
+    "SpaceClient",
     "SpaceFile",
+    "SpaceOpener",
     "SpaceTransport",
     "TooLarge",
     "UpstreamDone",
@@ -85,8 +107,12 @@ __all__ = [
     "UpstreamProgress",
     "UpstreamQueued",
     "UpstreamStarted",
+    "apply_diff",
     "download_to",
+    "file_arg",
     "file_url",
+    "is_url",
+    "quiet_gradio_env",
     "safe_name",
     "space_files_in",
 ]

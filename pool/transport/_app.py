@@ -101,6 +101,18 @@ class AppInfo:
         return copy.deepcopy(self.info)
 
 
+def named_endpoints(config: dict[str, Any]) -> dict[str, Endpoint]:
+    """The public endpoints a config names, by ``api_name`` (with its slash): the one
+    reading of a config's dependencies, for a config of any protocol (the fallback's)."""
+    components = {c["id"]: c for c in config.get("components", []) if "id" in c}
+    named: dict[str, Endpoint] = {}
+    for i, dep in enumerate(config.get("dependencies", [])):
+        endpoint = _endpoint(dep.get("id", i), dep, components, {})
+        if endpoint.api_name is not None and endpoint.public:
+            named.setdefault(endpoint.api_name, endpoint)
+    return named
+
+
 def _visible_info(info: dict[str, Any]) -> dict[str, Any]:
     """gradio_client ``Client._get_api_info``: drop code snippets and private endpoints."""
     out: dict[str, Any] = {}
@@ -142,7 +154,8 @@ def _endpoint(
         fn_index=fn_index,
         api_name=api_name,
         public=public,
-        generator=bool((dep.get("types") or {}).get("generator", False)),
+        # A config that does not say (Gradio 3) may stream: followed as a generator.
+        generator=bool((dep.get("types") or {}).get("generator", True)),
         inputs=inputs,
         state_inputs=tuple(i for i, cid in enumerate(inputs) if kind(cid) == "state"),
         kept_outputs=tuple(i for i, cid in enumerate(outputs) if not skipped(cid)),
@@ -197,3 +210,9 @@ def shape_output(endpoint: Endpoint, data: list[Any]) -> Any:
     ``reduce_singleton_output``)."""
     kept = [data[i] for i in endpoint.kept_outputs if i < len(data)]
     return kept[0] if len(endpoint.kept_outputs) == 1 and kept else tuple(kept)
+
+
+def apply_diff(value: Any, diff: list[Any]) -> Any:
+    """A generator's output after one ``process_generating`` diff (sse_v2+;
+    gradio_client ``utils.apply_diff``)."""
+    return utils.apply_diff(value, diff)

@@ -138,3 +138,23 @@ async def download_to(
     except BaseException:
         target.unlink(missing_ok=True)
         raise
+
+
+def file_arg(path: str | os.PathLike[str], name: str | None = None) -> dict[str, Any]:
+    """A file argument for a Space (``gradio_client.handle_file``): uploaded on submit,
+    under ``name`` (sanitized: no folders) when given — the app sees that name (native
+    transport; the fallback ``gradio_client.Client`` uploads under the path's own name)."""
+    from gradio_client import handle_file
+
+    data: dict[str, Any] = handle_file(os.fspath(path))
+    if name:
+        data["orig_name"] = safe_name(name)
+    return data
+
+
+def is_url(path: str) -> bool:
+    """Whether ``path`` is an http(s) URL, by gradio_client's rule
+    (``utils.is_http_url_like``), which the Space applies to a FileData path too."""
+    from gradio_client import utils
+
+    return bool(utils.is_http_url_like(path))

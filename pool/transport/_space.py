@@ -22,7 +22,8 @@ import email.utils
 import os
 import ssl
 import time
-from collections.abc import Mapping
+import uuid
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -30,14 +31,19 @@ import httpx
 from gradio_client import utils
 from gradio_client.exceptions import AuthenticationError
 
+from .._spaces import Login
 from ._affinity import Affinity, no_cookies
 from ._app import AppInfo
 from ._files import Downloaded, download_to, file_url, safe_name
+from ._login import LOGIN_PATH, GradioLogin
 
 _CONNS_PER_SESSION = 3
 # Idle connections close after this; below uvicorn's default keep-alive timeout (5 s),
 # so that the client, not the server, ends an idle connection.
 _KEEPALIVE_S = 4.0
+# The longest wait for a heartbeat when measuring the cadence (Gradio's default is 15 s).
+_PROBE_READ_S = 60.0
+_PROBE_EVERY_S = 60.0  # measures of one Space start at most this often
 # Failures of a request that reused a kept-alive connection the server had closed:
 # the request never reached it, so it is safe to send again on a fresh connection.
 _STALE = (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError)
@@ -45,11 +51,13 @@ _STALE = (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError)
 
 class RateLimited(utils.TooManyRequestsError):  # type: ignore[misc]
     """The Hub answered 429 (gradio_client raises ``TooManyRequestsError`` there);
-    ``retry_after_s``: the wait its ``Retry-After`` header names, if any."""
+    ``retry_after_s``: the wait its ``Retry-After`` header names, if any. ``asked``
+    False: nothing was asked — an earlier 429's wait is not over (no new failure)."""
 
-    def __init__(self, retry_after_s: float | None) -> None:
+    def __init__(self, retry_after_s: float | None, *, asked: bool = True) -> None:
         super().__init__("Too many requests to the API (429).")
         self.retry_after_s = retry_after_s
+        self.asked = asked
 
 
 def retry_after(response: httpx.Response) -> float | None:
@@ -66,6 +74,30 @@ def retry_after(response: httpx.Response) -> float | None:
     except (TypeError, ValueError):
         return None
     return max(0.0, when.timestamp() - time.time())
+
+
+class Cadence:
+    """How often the Space writes a heartbeat (Gradio's ``GRADIO_HEARTBEAT_INTERVAL``,
+    gradio/utils.py ``get_heartbeat_rate``: 15 s by default, 0.25 s in its e2e mode) on
+    its heartbeat stream and, while it waits, its data stream (gradio/routes.py
+    ``heartbeat``, ``queue_data``): the gap between two beats of one stream, as last
+    measured; None until a stream has carried two."""
+
+    def __init__(self) -> None:
+        self.interval_s: float | None = None
+
+    def stream(self) -> Callable[[], None]:
+        """What one stream calls at each beat it carries."""
+        last: float | None = None
+
+        def beat() -> None:
+            nonlocal last
+            now = time.monotonic()
+            if last is not None:
+                self.interval_s = now - last
+            last = now
+
+        return beat
 
 
 class ShortBody(Exception):
@@ -86,8 +118,11 @@ class SpaceTransport:
         max_size: int = 50,
         verify: ssl.SSLContext | bool = True,
         transport: httpx.AsyncBaseTransport | None = None,
+        login: Login | None = None,
     ) -> None:
         self.src = src if src.endswith("/") else src + "/"
+        # Gradio's own login (_login.py): the client's auth, when the Space has one
+        self._login = GradioLogin(login, self.src + LOGIN_PATH) if login is not None else None
         headers = {"user-agent": "spacepool"}
         if token:  # as gradio_client sends it: the Hub strips `authorization`
             headers["x-hf-authorization"] = f"Bearer {token}"
@@ -103,8 +138,14 @@ class SpaceTransport:
                 keepalive_expiry=_KEEPALIVE_S,
             ),
             transport=transport,
+            auth=self._login,
         )
+        if self._login is not None:
+            self._login.bind(self.http)
         self.home = Affinity()  # /config's replica: the Space's own requests and probes
+        self.cadence = Cadence()  # of the Space's heartbeats, as its streams show it
+        self._probe: asyncio.Task[None] | None = None  # measuring it (measure_cadence)
+        self._probe_after = 0.0  # monotonic: no new measure before (one failed)
         self._app: AppInfo | None = None
         self._loading: asyncio.Lock | None = None
         self._limited_until = 0.0  # monotonic: a 429's Retry-After, no /config before
@@ -122,7 +163,7 @@ class SpaceTransport:
         async with self._loading:
             wait = self._limited_until - time.monotonic()
             if wait > 0:  # honour the Hub's Retry-After: no request until it passed
-                raise RateLimited(wait)
+                raise RateLimited(wait, asked=False)
             app = self._app
             if app is not None:
                 response = await self.home.send(self.http, "GET", app.url("app_id"))
@@ -137,7 +178,9 @@ class SpaceTransport:
         # then GET {prefix}/info?serialize=False.
         response = await self.home.send(self.http, "GET", self.src + utils.CONFIG_URL)
         if response.status_code == 401:
-            raise AuthenticationError(f"Could not load {self.src}: credentials needed.")
+            needed = "refused the login" if self._login is not None else "needs a login"
+            raise AuthenticationError(f"Could not load {self.src}: the Space {needed} (POOL_SPACE"
+                                      "_AUTH; POOL_HF_TOKEN for a private Space)")  # fmt: skip
         if response.status_code == 429:
             raise self.rate_limited(response)
         response.raise_for_status()
@@ -206,6 +249,37 @@ class SpaceTransport:
             raise ShortBody(f"got {got.size} of the {announced} bytes announced")
         return got
 
+    def measure_cadence(self) -> None:
+        """Measure the Space's heartbeat cadence (:attr:`cadence`) if none of its streams
+        has shown it yet: one heartbeat stream of a session of its own, read for two
+        beats and closed (to the Space, a visitor who opened the app and left), in the
+        background, one at a time and at most once a minute."""
+        app = self._app
+        if self.cadence.interval_s is not None or app is None or self.http.is_closed:
+            return
+        if time.monotonic() >= self._probe_after:
+            self._probe_after = time.monotonic() + _PROBE_EVERY_S
+            self._probe = asyncio.get_running_loop().create_task(self._measure(app))
+
+    async def _measure(self, app: AppInfo) -> None:
+        url = app.url(utils.HEARTBEAT_URL.format(session_hash=uuid.uuid4().hex))
+        timeout = httpx.Timeout(self.timeout.connect, read=_PROBE_READ_S)
+        beat, seen = self.cadence.stream(), 0
+        with contextlib.suppress(httpx.HTTPError):
+            async with self.http.stream("GET", url, headers=self.home.headers(url),
+                                        timeout=timeout) as response:  # fmt: skip
+                if response.status_code != 200:
+                    return
+                async for _ in response.aiter_bytes():
+                    beat()
+                    seen += 1
+                    if seen == 2:
+                        return
+
     async def aclose(self) -> None:
+        if self._probe is not None:
+            self._probe.cancel()
+            with contextlib.suppress(BaseException):
+                await self._probe
         with contextlib.suppress(Exception):
             await self.http.aclose()

@@ -74,16 +74,18 @@ async def test_holder_whose_slot_was_given_away_fences_itself(open_store: Opener
     url = next(iter(make_url("redis", Path("/nonexistent"))))
     prefix = url.partition("prefix=")[2].partition("&")[0]
     try:
-        holder = open_store(url, lease_ttl_s=1.5)
+        # A TTL of 3 s: its heartbeat (every third) comes well before the lease could
+        # expire on its own, also on a loaded machine (1.5 s saw "expired" in CI).
+        holder = open_store(url, lease_ttl_s=3.0)
         await holder.set_limits({GLOBAL_RESOURCE: 1})
         lease = await holder.acquire([GLOBAL_RESOURCE], timeout=3)
         fenced: list[LeaseLost] = []
         lease.on_lost(fenced.append)
         drop_prefix(prefix)  # a FLUSH: the store forgets everything
-        newcomer = open_store(url, lease_ttl_s=1.5)
+        newcomer = open_store(url, lease_ttl_s=3.0)
         await newcomer.set_limits({GLOBAL_RESOURCE: 1})
         taken = await newcomer.acquire([GLOBAL_RESOURCE], timeout=3)
-        await until(lambda: bool(fenced), timeout=1.5, what="the holder to fence itself")
+        await until(lambda: bool(fenced), timeout=3.0, what="the holder to fence itself")
         assert fenced[0].why == "not_restored"
         assert (await newcomer.snapshot()).held == {GLOBAL_RESOURCE: 1}
         await holder.release(lease)

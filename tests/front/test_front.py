@@ -15,6 +15,7 @@ from typing import Any
 import httpx
 import pytest
 from gradio_client import Client, handle_file
+from gradio_client.exceptions import ValidationError
 from gradio_client.utils import QueueError
 
 from devspaces import SpaceFleet
@@ -149,6 +150,26 @@ def _one_call(url: str, i: int) -> str:
         client.close()
 
 
+def test_events_of_one_session_run_at_once(pool_service: ServiceProcess, fleet: SpaceFleet,
+                                           front_fleet: SpaceFleet) -> None:
+    """Two submits of one client (one session: the anonymous consumer's cap) run at the
+    Space together, each with its own result: their leases share the upstream
+    session's one data stream."""
+    spaces = [*fleet, front_fleet["victim"]]
+    client = _client(f"{pool_service.url}/gradio/")
+    try:
+        jobs = [client.submit(f"p{i}", 3, api_name="/echo") for i in range(2)]
+        deadline = time.monotonic() + 30
+        while sum(s.stats().in_flight for s in spaces) < 2:
+            assert time.monotonic() < deadline, "the two events never ran together"
+            time.sleep(0.05)
+        results = [str(job.result(timeout=CALL_DEADLINE_S)) for job in jobs]
+    finally:
+        client.close()
+    assert [r.split(":", 1)[1] for r in results] == ["p0", "p1"]
+    assert len({r.split(":", 1)[0] for r in results}) == 1  # one Space: the session's
+
+
 def test_thirty_clients_cap_holds(pool_service: ServiceProcess, fleet: SpaceFleet,
                                   front_fleet: SpaceFleet) -> None:
     """30 clients at once, global cap 4: at most 4 run at the Spaces; each call ends."""
@@ -207,7 +228,8 @@ def _node(*args: str) -> dict[str, Any]:
 @pytest.mark.skipif(shutil.which("node") is None, reason="no Node.js on this machine")
 def test_gradio_js_client(alias_service: ServiceProcess, front_fleet: SpaceFleet,
                           tmp_path: Path) -> None:
-    """@gradio/client: predict, submit iteration, handle_file, file output: as on the Space."""
+    """@gradio/client: predict, submit iteration, gr.State over three turns, handle_file,
+    file output: as on the Space."""
     if not (JS_DIR / "node_modules" / "@gradio" / "client").is_dir():
         pytest.fail("tests/front/js/node_modules missing: scripts/test runs npm ci there")
     upload = tmp_path / "in.bin"
@@ -215,8 +237,9 @@ def test_gradio_js_client(alias_service: ServiceProcess, front_fleet: SpaceFleet
     base = f"{alias_service.url}/gradio"
     front = _node(f"{base}/shapes/", f"{base}/media/", str(upload))
     direct = _node(front_fleet["shapes"].url, front_fleet["media"].url, str(upload))
-    for key in ("multi", "partials", "text", "checksum", "fileBody"):
+    for key in ("multi", "partials", "chat", "text", "checksum", "fileBody"):
         assert front[key] == direct[key], key
+    assert front["chat"] == ["shapes:a", "shapes:a | b", "shapes:a | b | c"]  # gr.State
     assert len(front["partials"]) >= 3  # each partial, then the final output
     assert front["checksum"] == [f"3000 {_digest(str(upload))}"]
     assert front["fileUrl"].startswith(f"{base}/shapes/gradio_api/file=")
@@ -259,4 +282,15 @@ def test_bad_requests_are_answered(alias_service: ServiceProcess) -> None:
         fn = next(d["id"] for d in config["dependencies"] if d.get("api_name") == "checksum")
         stolen = {"path": "/etc/hostname", "meta": {"_type": "gradio.FileData"}}
         body = {"session_hash": "s1", "fn_index": fn, "data": [stolen]}
-        assert http.post(join, json=body).status_code == 422
+        refused = http.post(join, json=body)
+        assert refused.status_code == 422
+        # As Gradio's validators answer a join: a list the clients read.
+        [problem] = refused.json()["detail"]
+        assert problem["__type__"] == "validate" and problem["is_valid"] is False
+        assert problem["parameter_name"] == "data[0]" and "uploaded" in problem["message"]
+    front = _client(f"{alias_service.url}/gradio/media/", headers=AUTH)
+    try:  # gradio_client shows the refusal as a ValidationError naming the input
+        with pytest.raises(ValidationError, match=r"data\[0\]"):
+            front.predict(handle_file("https://files.invalid/in.bin"), api_name="/checksum")
+    finally:
+        front.close()

@@ -62,6 +62,19 @@ def snapshot() -> dict[str, Any]:
     }
 
 
+async def settled(baseline: dict[str, Any]) -> dict[str, Any]:
+    """A snapshot once the OS has reaped the threads Python already let go: a thread
+    leaves ``threading.enumerate()`` before its OS thread has exited (a moment later),
+    so /proc/self/task may count one more for a few ms. Waits at most 1 s: a thread that
+    still runs then (a leak, Python's or C's) is in the snapshot."""
+    deadline = time.monotonic() + 1.0
+    while len(os.listdir("/proc/self/task")) > baseline["os_threads"]:
+        if time.monotonic() > deadline:
+            break
+        await asyncio.sleep(0.01)
+    return snapshot()
+
+
 def settings(store: str, **extra: Any) -> PoolSettings:
     values: dict[str, Any] = {
         "spaces": os.environ["POOL_SPACES"],
@@ -185,7 +198,7 @@ async def run_pool(store: str) -> dict[str, Any]:
         began = time.monotonic()
         await pool.aclose()
         close_s = time.monotonic() - began
-    after = snapshot()
+    after = await settled(baseline)
     # Late calls, after aclose(): the running job's caller releases, a stats call
     # asks the store. Neither may reopen anything.
     outcomes: dict[str, str] = {}
@@ -265,7 +278,7 @@ async def run_stuck(store: str, freeze_pid: int) -> dict[str, Any]:
         began = time.monotonic()
         await pool.aclose()
         close_s = time.monotonic() - began
-        after = snapshot()
+        after = await settled(baseline)
         os.kill(freeze_pid, signal.SIGCONT)
     outcomes = []
     for task in tasks:
@@ -310,7 +323,8 @@ async def run_app(store: str) -> dict[str, Any]:
         await lifespan.__aexit__(None, None, None)  # cancels the running job, closes the pool
         close_s = time.monotonic() - began
         set_pool(None)
-    return {"baseline": baseline, "peak": peak[0], "after": snapshot(), "close_s": close_s}
+    after = await settled(baseline)
+    return {"baseline": baseline, "peak": peak[0], "after": after, "close_s": close_s}
 
 
 async def _guarded(run: Any) -> dict[str, Any]:

@@ -13,11 +13,11 @@ from gradio_client.utils import QueueError, TooManyRequestsError
 
 from devspaces import SpaceFleet, SpaceProcess, free_port
 from pool import Pool, PoolEvent, PoolSettings, UpstreamTransportError
-from pool._connection import gradio_factory
-from pool._errors import classify, classify_connect
 from pool._failures import FAILURES, failure
 from pool.admission import Lease, MemoryCoordinator
 from pool.resilience import RetryPolicy
+from pool.transport._errors import classify, classify_connect
+from pool.transport._fallback import GradioFactory
 from tests._vclock import VirtualClock
 from tests.pool.test_core import wait_until
 
@@ -75,7 +75,7 @@ async def test_connection_opens_are_retried_by_the_policy_then_fail_over(
     request is served elsewhere; the dead Space is counted once."""
     dead = f"http://127.0.0.1:{free_port()}/"
     opened: Counter[str] = Counter()
-    real = gradio_factory(token=None, connect_timeout_s=5, read_timeout_s=30, max_workers=2)
+    real = GradioFactory(token=None, connect_timeout_s=5, read_timeout_s=30, max_workers=2)
 
     def counting(src: str) -> object:
         opened[src] += 1

@@ -21,7 +21,13 @@ from PIL import Image
 
 from devspaces import SpaceFleet
 from pool import LocalFile, UnknownSpace, UpstreamFileError, file_arg
-from tests.conftest import PoolMaker
+from tests.conftest import TRANSPORTS, PoolMaker
+
+
+@pytest.fixture(params=TRANSPORTS)
+def transport(request: pytest.FixtureRequest) -> str:
+    """Every test here runs on both transports, through the same interface."""
+    return str(request.param)
 
 _SECRET = "hf_private_token_for_file_tests_51e0a7"
 
@@ -119,20 +125,17 @@ async def test_an_output_over_the_cap_raises_and_leaves_nothing(
 
 
 def test_a_result_cannot_point_the_download_at_another_origin() -> None:
-    """source_url: a FileData url off the Space's origin is ignored for its /file= path."""
-    from types import SimpleNamespace
-
-    from pool._files import safe_name, source_url
+    """file_url: a FileData url off the Space's origin is ignored for its /file= path."""
+    from pool.transport import file_url, safe_name
 
     root = "http://127.0.0.1:7000/gradio_api/"
-    client = SimpleNamespace(src="http://127.0.0.1:7000/", src_prefixed=root)
     meta = {"_type": "gradio.FileData"}
     own = {"path": "/tmp/a b.png", "url": root + "file=/tmp/x.png", "meta": meta}
-    assert source_url(client, own) == own["url"]
+    assert file_url(root, own) == own["url"]
     for elsewhere in ("http://169.254.169.254/latest/meta-data", "http://127.0.0.1:7001/x",
                       "https://127.0.0.1:7000/x", "file:///etc/passwd"):  # fmt: skip
         data = {"path": "/tmp/a b.png", "url": elsewhere, "meta": meta}
-        assert source_url(client, data) == "http://127.0.0.1:7000/gradio_api/file=/tmp/a%20b.png"
+        assert file_url(root, data) == "http://127.0.0.1:7000/gradio_api/file=/tmp/a%20b.png"
     assert safe_name("../../etc/passwd") == "passwd"
     assert safe_name("..") == "file" and safe_name("a\x00b<>.png") == "a_b_.png"
 

@@ -27,7 +27,7 @@ from typing import Any
 import pytest
 
 from devspaces import SpaceFleet, SpaceProcess
-from pool._connection import close_client, gradio_factory
+from pool.transport._fallback import GradioFactory, close_client
 from tests.admission.conftest import STORES, make_url
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -129,7 +129,7 @@ def test_close_client_ends_every_thread_of_a_client_at_once(clean_fleet: SpaceFl
     threads end within 1 s (not at the server's next 15 s ping), the job with them."""
     from gradio_client.utils import Status
 
-    open_client = gradio_factory(
+    open_client = GradioFactory(
         token=None, connect_timeout_s=5.0, read_timeout_s=30.0, max_workers=2
     )
     alpha = clean_fleet["alpha"]

@@ -20,6 +20,7 @@ import pytest
 
 from devspaces import SpaceFleet
 from pool import Pool, WaitTicket
+from pool._consumer import CURRENT, Consumer
 from tests.admission.conftest import STORES, make_url
 from tests.admission.helpers import until
 from tests.conftest import PoolMaker
@@ -158,6 +159,36 @@ async def test_interactive_requests_go_before_waiting_batch_ones(
     assert stats["totalQueuedByClass"] == {"interactive": 1, "batch": 20}
     await asyncio.gather(holder, interactive, *batch)
     assert order == ["holder", "i", *(f"b{i}" for i in range(20))]
+
+
+async def test_a_consumers_default_class_applies_where_a_call_asks_none(
+    url: str, clean_fleet: SpaceFleet, make_pool: PoolMaker
+) -> None:
+    """An API key with a default class (pool/_consumer.py): its calls that ask for no
+    class wait as that class, whichever face made them (the front asks none); one that
+    asks for a class keeps it."""
+    pool = sched_pool(make_pool, clean_fleet, url, global_max_concurrent=1)
+    await pool.start()
+    admitted: list[str] = []
+
+    async def note(space: str) -> None:
+        admitted.append(space)
+
+    holder = asyncio.create_task(
+        pool.predict("/echo", "holder", 0.5, space="alpha", on_admitted=note)
+    )
+    await until(lambda: admitted == ["alpha"], what="the holder's admission")
+    token = CURRENT.set(Consumer("team-batch", "k-sched", "batch"))
+    try:
+        calls = [asyncio.create_task(pool.predict("/echo", "x", 0.01, space="alpha")),
+                 asyncio.create_task(pool.predict("/echo", "y", 0.01, space="alpha")),
+                 asyncio.create_task(pool.predict("/echo", "z", 0.01, space="alpha",
+                                                  priority="interactive"))]  # fmt: skip
+    finally:
+        CURRENT.reset(token)
+    await queued_on(pool, "alpha", 3)
+    assert (await pool.stats())["totalQueuedByClass"] == {"interactive": 1, "batch": 2}
+    await asyncio.gather(holder, *calls)
 
 
 async def test_an_aged_batch_request_is_not_overtaken_by_newer_interactive_ones(

@@ -51,6 +51,15 @@ async def test_a_session_keeps_the_chat_history_and_two_sessions_stay_apart(pool
     assert plain.result.endswith("earlier: (nothing)")
 
 
+async def test_calls_of_one_session_at_once_each_get_their_own_reply(pool: Pool) -> None:
+    """Two calls of one session at once, on two connections: each answered with its
+    own reply (they share the upstream session's one data stream)."""
+    s = await pool.open_session(None)
+    first, second = await asyncio.gather(pool.predict("/chat", "x-one", session=s),
+                                         pool.predict("/chat", "x-two", session=s))  # fmt: skip
+    assert "heard 'x-one'" in first.result and "heard 'x-two'" in second.result
+
+
 async def test_only_its_owner_may_use_a_session_and_a_deleted_one_is_gone(pool: Pool) -> None:
     """Another email, no email, or a deleted session: SessionNotFound, before any slot."""
     s = await pool.open_session("owner@example.com")

@@ -1,4 +1,4 @@
-"""Warm-up ahead of demand (pool/_warmth.py) against real stand-in Spaces.
+"""Warm-up ahead of demand (pool/connections/_warmth.py) against real stand-in Spaces.
 
 Connections above the minimum are kept open while the peak in use over
 ``POOL_WARM_WINDOW_S`` needs them; with ``POOL_WARMUP`` the minimum opens at start.

@@ -6,32 +6,23 @@ stand-in Space of every kind in ``devspaces._app.KINDS``."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from typing import Any
 
 import httpx
 import pytest
 from gradio_client import Client
 
-from devspaces import SpaceProcess
+from devspaces import SpaceFleet, SpaceProcess
 from devspaces._app import KINDS
 
 from .conftest import ServiceFactory, ServiceProcess, admin_headers
 
 
 @pytest.fixture(scope="module")
-def kind_spaces() -> Iterator[dict[str, SpaceProcess]]:
-    """One stand-in Space per kind, named ``k-<kind>``, started in parallel."""
-    started: dict[str, SpaceProcess] = {}
-    try:
-        for kind in KINDS:
-            started[kind] = SpaceProcess(f"k-{kind}", kind=kind, wait=False)
-        for space in started.values():
-            space.wait_ready(180)  # many Spaces starting at once on a loaded machine
-        yield started
-    finally:
-        for space in started.values():
-            space.stop()
+def kind_spaces(every_kind: SpaceFleet) -> dict[str, SpaceProcess]:
+    """One stand-in Space per kind, named after its kind (the session's, shared with
+    test_conformance, which only calls them too)."""
+    return {kind: every_kind[kind] for kind in KINDS}
 
 
 @pytest.fixture(scope="module")
@@ -82,7 +73,7 @@ async def test_the_echo_listing_names_its_parameters_and_defaults(
 ) -> None:
     """/echo takes text and delay_s (default 0): enough to build a request without the UI."""
     async with service.client() as http:
-        listing = (await http.get("/api/spaces/k-echo/api")).json()
+        listing = (await http.get("/api/spaces/echo/api")).json()
     params = listing["named_endpoints"]["/echo"]["parameters"]
     assert [p["parameter_name"] for p in params] == ["text", "delay_s"]
     assert params[1]["parameter_has_default"] and params[1]["parameter_default"] == 0
@@ -94,7 +85,7 @@ async def test_spaces_are_listed_with_the_state_pool_stats_reports(
 ) -> None:
     """GET /api/spaces: every configured Space, its state and figures equal to pool-stats."""
     async with service.client() as http:
-        await http.post("/api/predict", json={"space": "k-echo", "api_name": "/echo",
+        await http.post("/api/predict", json={"space": "echo", "api_name": "/echo",
                                               "args": ["hi", 0]})  # fmt: skip
         listed = (await http.get("/api/spaces")).json()["spaces"]
         stats = (await http.get("/api/admin/pool-stats", headers=admin_headers())).json()
@@ -106,7 +97,7 @@ async def test_spaces_are_listed_with_the_state_pool_stats_reports(
         assert entry["breaker"] == pool["breaker"]["state"] == "closed"
         assert entry["window"] == pool["window"]["current"]
         assert entry["api_url"] == f"/api/spaces/{entry['name']}/api"
-    echo = next(entry for entry in listed if entry["name"] == "k-echo")
+    echo = next(entry for entry in listed if entry["name"] == "echo")
     assert echo["connections"]["total"] >= 1
 
 

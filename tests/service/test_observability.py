@@ -106,8 +106,10 @@ async def test_metrics_parse_and_the_wait_and_duration_histograms_move_under_loa
     assert any(n == "spacepool_http_requests_total" for n, _ in after)
     labels = {k for _, ls in after for k, _ in ls}
     assert labels <= {"space", "outcome", "reason", "result", "kind", "stage", "state",
-                      "direction", "method", "route", "status", "le",
-                      "class"}, labels  # fmt: skip  (class: interactive | batch)
+                      "direction", "method", "route", "status", "le", "class",
+                      "key"}, labels  # fmt: skip  (class: interactive | batch; key: a key's name)
+    keys = {v for (n, ls), _ in after.items() for k, v in ls if k == "key"}
+    assert keys <= {"POOL_API_TOKEN", "no key"}, keys  # no API key made here: the two kinds
 
 
 async def test_logs_metrics_and_stats_never_carry_emails_tokens_or_payloads(

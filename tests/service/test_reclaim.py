@@ -4,6 +4,7 @@ hangs; an ``Idempotency-Key`` retry gets the first job (real uvicorn workers, si
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import os
 import signal
@@ -16,7 +17,8 @@ import httpx
 import pytest
 
 from devspaces import SpaceProcess
-from tests.service.conftest import ServiceProcess, service_env
+from tests.service.conftest import ServiceProcess, admin_headers, service_env
+from tests.service.test_keys import bearer, create_key
 
 TTL_S = 3.0
 JOBS = 8
@@ -41,7 +43,9 @@ def service(lone_space: SpaceProcess, tmp_path: Path) -> Iterator[ServiceProcess
         f"lost={lone_space.url}",
         tmp_path,
         POOL_LEASE_TTL_S=str(TTL_S),
-        POOL_GLOBAL_MAX_CONCURRENT="6",  # two of the eight jobs wait in the queue
+        # Some of the eight jobs wait in the queue: the Space's window starts at 4
+        # (POOL_WINDOW_INITIAL) under a global cap of 6.
+        POOL_GLOBAL_MAX_CONCURRENT="6",
         POOL_CONSUMER_MAX_CONCURRENT="8",
         # uvicorn kills a worker that misses its health check for 5 s: a frozen worker
         # would be a killed one. Let it stay frozen (and wake) here.
@@ -169,7 +173,7 @@ async def test_killed_worker_jobs_end_or_run_again(
     for (job_id, _), events in zip(jobs, seen, strict=True):
         if job_id in requeued:  # the stream went on, carrying the requeue
             # Usually as a queued/running event; a stream that follows the job from
-            # another worker reads its mirror every 0.25 s, so when the test's DELETE
+            # another worker reads its mirror when woken, and when the test's DELETE
             # ends the requeued job at once, the final event may be the first to show it.
             assert any(e.get("requeued") == 1 for e in events), events
     retried = sum(1 for job_id, retry in jobs if retry and job_id in requeued)
@@ -200,3 +204,49 @@ async def test_frozen_worker_does_not_run_taken_jobs(
         running = sum(1 for view in after.values() if view["stage"] == "running")
         assert lone_space.stats().in_flight == running, after
         await cancel_all(client, jobs)
+
+
+async def test_a_reclaimed_job_runs_as_its_api_keys(
+    service: ServiceProcess, lone_space: SpaceProcess
+) -> None:
+    """Jobs made with API keys, taken over from a killed worker: those of a live key run
+    again as that key's (its limit of 1 holds: one running at a time), those of a key
+    revoked meanwhile fail ``key_revoked`` instead of running again."""
+    kept = await create_key(service, name="kept", max_concurrent=1)
+    gone = await create_key(service, name="gone", max_concurrent=4)
+    owners: dict[str, str] = {}
+    async with httpx.AsyncClient(base_url=service.url, timeout=30) as one:  # one worker
+        for key in (kept, gone):
+            for i in range(3):
+                body = {"api_name": "/echo", "args": [f"{key['name']}{i}", 4.0],
+                        "safe_to_retry": True}  # fmt: skip
+                answer = await one.post("/api/jobs", json=body, headers=bearer(key["key"]))
+                assert answer.status_code == 202, answer.text
+                owners[answer.json()["job_id"]] = key["name"]
+    async with service.client(**admin_headers()) as admin:
+        assert (await admin.delete(f"/api/admin/keys/{gone['id']}")).status_code == 204
+    pid, owned = busiest_worker(service)
+    assert owned == 6
+    killed_at = time.time()  # the Space's clock: the same host's
+    os.kill(pid, signal.SIGKILL)
+    async with fresh_client(service) as client:
+        deadline = time.monotonic() + TTL_S + 30
+        while True:
+            views = {j: (await client.get(f"/api/jobs/{j}")).json() for j in owners}
+            if all(v["stage"] in FINAL for v in views.values()):
+                break
+            assert time.monotonic() < deadline, views
+            await asyncio.sleep(0.2)
+    for job_id, name in owners.items():
+        view = views[job_id]
+        if name == "gone":
+            assert view["stage"] == "failed" and view["error"]["error"] == "key_revoked", view
+        else:
+            assert view["stage"] == "done" and view["requeued"] == 1, view
+    # At the Space, by its clock: the calls started after the takeover are the kept
+    # key's three, run again by the living worker one after the other (its limit of 1).
+    # No takeover comes before 2/3 TTL after the kill (the heartbeat was at most a third
+    # of a TTL old); calls joined before the kill may start at the Space just after it.
+    again = sorted(c for c in lone_space.calls() if c[0] > killed_at + TTL_S / 2)
+    assert sorted(text for *_, text in again) == ["kept0", "kept1", "kept2"], again
+    assert all(b[0] >= a[1] for a, b in itertools.pairwise(again)), again

@@ -33,7 +33,7 @@ def run_readme_and_banner_commands(url: str, token: str, directory: Path) -> Non
     (directory / "examples").symlink_to(ROOT / "examples")  # "from the checkout"
     env = {**os.environ, "POOL_ADMIN_TOKEN": token, "NO_PROXY": "*", "no_proxy": "*"}
     scripts = pasted_commands(url)
-    assert len(scripts) == 7, scripts  # 2 README blocks, 5 banner commands
+    assert len(scripts) == 8, scripts  # 3 README blocks (one: Several teams), 5 banner commands
     for script in scripts:
         _, sizes = run_pasted(script, directory, env)
         assert sizes and all(size > 0 for size in sizes), (script, sizes)

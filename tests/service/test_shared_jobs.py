@@ -15,11 +15,13 @@ import httpx
 import pytest
 from fastapi import FastAPI
 
-from app._jobs import JobRecord
+from app._jobs import JobRecord, MemoryJobStore
 from app._settings import ServiceSettings
+from app._shared_jobs import SharedJobStore
 from app.main import create_app
 from devspaces import SpaceFleet
 from pool import Pool, PoolSettings, set_pool
+from pool.admission import open_coordinator
 from tests.admission.conftest import SHARED_STORES, make_url
 
 
@@ -155,3 +157,73 @@ async def test_a_dead_owners_jobs_run_again_or_end(
     assert views["late"]["error"]["error"] == "deadline", views
     assert took < 3.0 + 5, took
     assert sum(space.stats().total for space in clean_fleet) == 1
+
+
+@pytest.fixture
+async def two_stores(shared_url: str) -> AsyncIterator[tuple[SharedJobStore, SharedJobStore]]:
+    """Two workers' job stores (two coordinators, as two processes) over one store."""
+    coordinators = [open_coordinator(shared_url, lease_ttl_s=3.0) for _ in range(2)]
+    stores = []
+    for coordinator in coordinators:
+        local = MemoryJobStore(retention_s=60, max_jobs=100)
+        stores.append(SharedJobStore(local, lambda c=coordinator: c.values, 60, 3.0))
+    try:
+        yield stores[0], stores[1]
+    finally:
+        for coordinator in coordinators:
+            await coordinator.aclose()
+
+
+async def _running(store: SharedJobStore, job_id: str) -> JobRecord:
+    now = time.time()
+    record = JobRecord(job_id, "queued", created_at=now, updated_at=now, owner=store.worker)
+    await store.add(record)
+    return await store.update(job_id, stage="running", space="alpha") or record
+
+
+async def test_a_cancel_request_reaches_the_owner_at_once(
+    two_stores: tuple[SharedJobStore, SharedJobStore],
+) -> None:
+    """B asks to cancel A's job: A's watch of it answers "cancel" within a second
+    (signalled: nothing polls for it), and the request is consumed."""
+    a, b = two_stores
+    await _running(a, "job-c")
+    stopped = asyncio.create_task(a.stopped("job-c"))
+    await asyncio.sleep(0)  # it watches from here on
+    started = time.monotonic()
+    assert await b.request_cancel("job-c")
+    assert await asyncio.wait_for(stopped, 5) == "cancel"
+    assert time.monotonic() - started < 1.0
+
+
+async def test_a_taken_over_owner_is_told_and_fenced(
+    two_stores: tuple[SharedJobStore, SharedJobStore],
+) -> None:
+    """B settles A's job (a takeover raising the fencing token): A's watch answers
+    "lost", A's later write is refused and A then reads B's record."""
+    a, b = two_stores
+    await _running(a, "job-t")
+    stopped = asyncio.create_task(a.stopped("job-t"))
+    await asyncio.sleep(0)
+    settled = await b.settle("job-t", stage="cancelled", error={"error": "cancelled"})
+    assert settled is not None and settled.fence == 1 and settled.owner == b.worker
+    assert await asyncio.wait_for(stopped, 5) == "lost"
+    after = await a.update("job-t", stage="done", result="late")
+    assert after is not None and after.stage == "cancelled" and after.owner == b.worker
+    assert await a.local.get("job-t") is None
+
+
+async def test_another_workers_change_reaches_a_waiting_reader(
+    two_stores: tuple[SharedJobStore, SharedJobStore],
+) -> None:
+    """B waits for A's job to change (as its SSE stream does): A's update wakes it
+    within a second, with the new version."""
+    a, b = two_stores
+    record = await _running(a, "job-w")
+    waiting = asyncio.create_task(b.changes("job-w", record.version, timeout=10))
+    await asyncio.sleep(0.1)
+    started = time.monotonic()
+    await a.update("job-w", stage="done", result="r")
+    views = await asyncio.wait_for(waiting, 10)
+    assert views and views[-1]["stage"] == "done" and views[-1]["version"] > record.version
+    assert time.monotonic() - started < 1.0

@@ -37,21 +37,16 @@ from pool import (
     UpstreamAppError,
     file_arg,
 )
-from tests.conftest import PoolMaker
+from tests.conftest import EVERY_KIND, PoolMaker
 
-KINDS = (
-    "echo", "image", "stream", "chat", "shapes", "headers", "upper", "state", "filename",
-    "zerogpu",
-)  # fmt: skip
+KINDS = EVERY_KIND
 TRANSPORTS = ("gradio_client", "native")
 
 
-@pytest.fixture(scope="module")
-def spaces() -> Iterator[SpaceFleet]:
-    """One stand-in Space of each kind, named after its kind."""
-    # Five Gradio processes start at once on a shared machine: allow for a slow start.
-    with SpaceFleet(names=list(KINDS), kind=list(KINDS), startup_timeout_s=180) as fleet:
-        yield fleet
+@pytest.fixture
+def spaces(every_kind: SpaceFleet) -> SpaceFleet:
+    """One stand-in Space of each kind, named after its kind (the session's, shared)."""
+    return every_kind
 
 
 @pytest.fixture(params=TRANSPORTS)
@@ -87,18 +82,28 @@ class Clients:
             self.shared[kind] = client
         return client
 
-    def close(self) -> None:
-        # close() waits about a second for the heartbeat thread: close them together.
-        with ThreadPoolExecutor(max(1, len(self.made))) as closing:
-            list(closing.map(Client.close, self.made))
+    def close(self, closing: ThreadPoolExecutor) -> None:
+        """Close every Client made, on ``closing``'s threads: ``Client.close()`` waits a
+        second for its heartbeat thread (blocked reading the heartbeat stream), a wait
+        that orders nothing, so the next test need not sit through it."""
+        for client in self.made:
+            closing.submit(Client.close, client)
+
+
+@pytest.fixture(scope="module")
+def closing() -> Iterator[ThreadPoolExecutor]:
+    """Where the tests' Clients close; every close has returned when the module ends."""
+    with ThreadPoolExecutor(16, thread_name_prefix="close-client") as executor:
+        yield executor
 
 
 @pytest.fixture
-def raw(spaces: SpaceFleet, tmp_path: Path) -> Iterator[Clients]:
-    """Plain gradio_client.Clients against the stand-ins, closed at the end."""
+def raw(spaces: SpaceFleet, tmp_path: Path, closing: ThreadPoolExecutor) -> Iterator[Clients]:
+    """Plain gradio_client.Clients against the stand-ins (fresh for each test), closed
+    at the end of the test (each close returns by the module's end)."""
     clients = Clients(spaces, tmp_path / "raw")
     yield clients
-    clients.close()
+    clients.close(closing)
 
 
 def digest(data: bytes) -> tuple[str, int, str]:

@@ -271,11 +271,14 @@ async def test_the_gradio_client_fallback_still_serves(space: SpaceProcess) -> N
     """POOL_TRANSPORT=gradio_client: the same calls through a gradio_client.Client."""
     from gradio_client import Client
 
+    from pool.transport import FallbackClient
+
     pool = _pool(space.url, transport="gradio_client")
     try:
         done = await pool.predict("/echo", "hi", 0)
         async with pool.client() as client:
-            assert isinstance(client.raw, Client)
+            raw = client.raw
+            assert isinstance(raw, FallbackClient) and isinstance(raw.client, Client)
             job = await client.submit("x", 0, api_name="/echo")
             assert [out async for out in job.stream()] == ["hdr:x"]
     finally:

@@ -1,5 +1,6 @@
-// The same calls through @gradio/client, unmodified, against one URL; prints JSON.
-// node calls.mjs <shapes url> <media url> <file to upload> [busy url]
+// The same calls through @gradio/client, unmodified, against one URL (the Space, the
+// front, or a proxy spreading requests over workers); prints JSON.
+// node calls.mjs <shapes url> <media url> <file to upload>
 import { Client, handle_file } from "@gradio/client";
 import { readFileSync } from "node:fs";
 
@@ -14,6 +15,10 @@ async function run() {
     if (msg.type === "data") partials.push(msg.data);
     if (msg.type === "status" && msg.stage === "error") throw new Error(msg.message);
   }
+  const chat = [];
+  for (const word of ["a", "b", "c"]) {
+    chat.push((await shapes.predict("/history", [word])).data[0]);
+  }
   const bundle = (await shapes.predict("/bundle", ["lines", 2])).data;
   const file = bundle[0];
   const fileBody = await (await fetch(file.url, { headers })).text();
@@ -22,7 +27,7 @@ async function run() {
   const blob = new Blob([readFileSync(uploadPath)]);
   const checksum = (await media.predict("/checksum", [handle_file(blob)])).data;
   media.close();
-  return { multi, partials, text: bundle[3], fileUrl: file.url, fileBody, checksum };
+  return { multi, partials, chat, text: bundle[3], fileUrl: file.url, fileBody, checksum };
 }
 
 run().then(

@@ -1,0 +1,138 @@
+"""Gradio's own login, answered by the front for a Space behind one (``auth=``).
+
+What a Space does (gradio/routes.py): every route but ``app_id`` and ``login`` depends
+on ``login_check``, which answers 401 ``{"detail": {"error": "Not authenticated",
+"auth_message": ...}}`` without a valid token; ``POST login`` (a form: ``username``,
+``password``) sets the token as a cookie, or answers 400 "Incorrect credentials.";
+without ``auth`` it redirects to the root. gradio_client raises ``AuthenticationError``
+when ``config`` answers 401 and logs in with ``Client(url, auth=(user, password))``,
+then sends the login's cookies on every request (gradio_client/client.py ``_login``,
+``_get_config``); @gradio/client does the same (client/js/src/helpers/init_helpers.ts
+``get_cookie_header``).
+
+Here, for a scope (``/gradio/{alias}`` or ``/gradio``) with a Space that
+``POOL_SPACE_AUTH`` names (so the pool itself can log in: pool/transport/_login.py):
+
+* every route of the scope but ``login`` and ``logout`` answers ``login_check``'s 401
+  unless the request carries this front's login cookie for the scope (:func:`refusal`);
+* ``POST login`` hands the caller's username and password to the Space's own login,
+  so the Space decides; accepted, the Space's token is given back at once (its
+  ``logout``) and the caller gets the front's own cookie instead, never the Space's:
+  ``<expiry>.<hmac>`` of the scope and expiry under the fleet's shared secret
+  (``Pool.sign``), valid on every worker and host for :data:`LOGIN_TTL_S`. Nothing is
+  stored; the password is not kept past the request. Refused, the answer is 401
+  "Incorrect credentials." (the Space says 400): 401 is what both clients report as
+  wrong credentials (gradio_client ``AuthenticationError``, @gradio/client "Invalid
+  credentials"), where a 400 is an opaque "Could not login";
+* ``login`` is not behind ``POOL_API_TOKEN``: gradio_client's ``_login`` sends no
+  headers. The cookie alone opens nothing there: every other route still needs the token.
+
+A caller's login opens the front to that caller; the Space's events then run as the
+pool's login (``POOL_SPACE_AUTH``'s user), as every call of the pool does.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hmac
+import time
+import urllib.parse
+
+import httpx
+from fastapi import Request
+from fastapi.responses import JSONResponse, RedirectResponse, Response
+
+from pool import Pool, PoolError, UnknownSpace, UpstreamError, get_pool
+
+from ._space_view import transport_of
+
+LOGIN_TTL_S = 24 * 3600
+COOKIE = "spacepool-login"
+NOT_AUTHENTICATED = {"detail": {"error": "Not authenticated", "auth_message": None}}
+
+
+def _cookie_name(scope: str | None) -> str:
+    return COOKIE if scope is None else f"{COOKIE}-{scope}"
+
+
+def _guarded(pool: Pool, scope: str | None) -> list[str]:
+    """The scope's Spaces behind Gradio's login (``POOL_SPACE_AUTH`` names them)."""
+    names = [scope] if scope is not None else list(pool.spaces)
+    return [n for n in names if n in pool.spaces and pool.spaces[n].spec.login is not None]
+
+
+def _mac(pool: Pool, scope: str | None, expiry: str) -> str:
+    return pool.sign(f"spacepool gradio login\n{scope or ''}\n{expiry}")
+
+
+async def refusal(request: Request, scope: str | None) -> Response | None:
+    """``login_check``'s 401 for a request of a guarded scope without a valid login
+    cookie; None when the request may go on."""
+    pool = get_pool()
+    if not _guarded(pool, scope):
+        return None
+    await pool.start()
+    expiry, _, mac = request.cookies.get(_cookie_name(scope), "").partition(".")
+    fresh = expiry.isdigit() and int(expiry) > time.time()
+    if fresh and hmac.compare_digest(mac.encode(), _mac(pool, scope, expiry).encode()):
+        return None
+    return JSONResponse(NOT_AUTHENTICATED, status_code=401)
+
+
+async def login(request: Request, scope: str | None, front_root: str) -> Response:
+    """``POST login``: the Space checks the credentials; the front's cookie if it accepts."""
+    pool = get_pool()
+    if scope is not None and scope not in pool.spaces:
+        raise UnknownSpace(scope, list(pool.spaces))
+    names = _guarded(pool, scope)
+    if not names:  # as a Space without auth answers it
+        return RedirectResponse(front_root, status_code=302)
+    async with request.form(max_files=0, max_fields=8) as form:
+        username, password = form.get("username"), form.get("password")
+    if not isinstance(username, str) or not isinstance(password, str):
+        return JSONResponse({"detail": "username and password are required"}, status_code=422)
+    if not await _space_accepts(pool, names, username.strip(), password):
+        return JSONResponse({"detail": "Incorrect credentials."}, status_code=401)
+    await pool.start()
+    expiry = str(int(time.time() + LOGIN_TTL_S))
+    response = JSONResponse({"success": True})
+    response.set_cookie(
+        _cookie_name(scope), f"{expiry}.{_mac(pool, scope, expiry)}", max_age=LOGIN_TTL_S,
+        path=urllib.parse.urlsplit(front_root).path or "/", httponly=True, samesite="lax",
+        secure=request.url.scheme == "https",
+    )  # fmt: skip
+    return response
+
+
+def logout(scope: str | None, front_root: str) -> Response:
+    """``GET logout``: the front's cookie dropped, back to the root (gradio/routes.py)."""
+    response = RedirectResponse(front_root, status_code=302)
+    response.delete_cookie(_cookie_name(scope), path=urllib.parse.urlsplit(front_root).path or "/")
+    return response
+
+
+async def _space_accepts(pool: Pool, names: list[str], username: str, password: str) -> bool:
+    """Whether the first of ``names`` that answers accepts the login (gradio/routes.py
+    ``login``: 200, or 400 "Incorrect credentials."); its token given back at once."""
+    last: Exception | None = None
+    for name in names:
+        try:
+            transport, _ = await transport_of(pool, name)
+            answer = await transport.http.post(  # httpx.Auth(): not the pool's own login
+                transport.src + "login", data={"username": username, "password": password},
+                auth=httpx.Auth(),
+            )  # fmt: skip
+        except (httpx.HTTPError, PoolError) as exc:
+            last = exc
+            continue
+        if answer.status_code in (400, 401, 403):
+            return False
+        if answer.status_code != 200:
+            raise UpstreamError(f"the Space's login answered HTTP {answer.status_code}")
+        cookie = "; ".join(f"{c.name}={c.value}" for c in answer.cookies.jar)
+        # The token is not ours to keep: logged out (this one only: all_session=false).
+        with contextlib.suppress(httpx.HTTPError):
+            await transport.http.get(transport.src + "logout", params={"all_session": "false"},
+                                     headers={"cookie": cookie}, auth=httpx.Auth())  # fmt: skip
+        return True
+    raise UpstreamError(f"no Space answered the login ({type(last).__name__})")

@@ -1,0 +1,215 @@
+"""API keys: each team's own key, a consumer of the pool with its own limits (issue 32).
+
+A key has a name, a concurrency limit (admitted all-or-nothing with the Space and
+global slots: the coordinator's ``consumer:key:<id>`` resource, pool/_consumer.py), an
+optional default priority class and optional daily quotas (app/_usage.py). The admin
+manages keys over ``/api/admin/keys``; the secret is shown once, at creation.
+
+**Stored hashed, in the coordinator.** Each key is one shared value
+``apikey:<id>`` (its SHA-256, never the secret; a key is 32 random bytes, so a plain
+hash cannot be reversed by guessing) that lives until it is deleted.
+
+**Every worker, within a second.** Each process keeps every key in memory (a lookup
+costs no store round trip) and reloads them all when ``apikeys:rev`` is written: the
+admin's worker writes it after each change, and the coordinator's change signal
+(:meth:`SharedValues.watch`: Redis pub/sub, SQLite's 50 ms follower) wakes every
+other worker's reload. A reload also runs every ``_RELOAD_S`` in case a signal was
+lost, and on a miss (a key created a moment ago elsewhere) when ``apikeys:rev`` moved
+since the last reload (one small read), or ``_MISS_RELOAD_S`` passed. A store that does
+not answer leaves the last keys in force.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import logging
+import secrets
+import time
+from collections.abc import Callable
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field
+
+from pool import BusyError, PoolError, get_pool
+from pool._consumer import Consumer
+from pool.admission import SharedValues
+
+from ._errors import KeyNotFound
+
+_log = logging.getLogger("spacepool.app")
+
+KEY_PREFIX = "sp_"
+"""Every key starts with it (a presented bearer token that does is never the API token)."""
+NAME_PATTERN = r"^[A-Za-z0-9][\w.@-]{0,63}$"  # no CSV formula, no markup
+_NS = "apikey:"
+_REV = "apikeys:rev"
+_FOREVER_S = 100 * 365 * 86400.0  # shared values expire; a key lives until deleted
+_RELOAD_S = 10.0
+_MISS_RELOAD_S = 0.25
+
+Priority = Literal["interactive", "batch"]
+
+
+class KeyChange(BaseModel):
+    """``PATCH /api/admin/keys/{id}``: what to change (omitted fields stay)."""
+
+    model_config = {"extra": "forbid"}
+
+    name: str | None = Field(default=None, min_length=1, max_length=64, pattern=NAME_PATTERN)
+    max_concurrent: int | None = Field(default=None, ge=1, le=10_000)
+    priority: Priority | None = None
+    daily_calls: int | None = Field(default=None, ge=1, le=10**12)
+    daily_space_seconds: float | None = Field(default=None, gt=0, le=1e12, allow_inf_nan=False)
+
+
+class KeyCreate(KeyChange):
+    """``POST /api/admin/keys``."""
+
+    name: str = Field(min_length=1, max_length=64, pattern=NAME_PATTERN)
+    max_concurrent: int = Field(ge=1, le=10_000)
+
+
+class KeyRecord(BaseModel):
+    """A key as the coordinator keeps it (``hash``: its SHA-256, hex)."""
+
+    id: str
+    name: str
+    hash: str
+    max_concurrent: int
+    priority: Priority | None = None
+    daily_calls: int | None = None
+    daily_space_seconds: float | None = None
+    created_at: float
+
+    def view(self) -> dict[str, Any]:
+        """What the admin API shows (no hash)."""
+        return self.model_dump(exclude={"hash"})
+
+    def consumer(self) -> Consumer:
+        """The key as the pool's consumer (pool/_consumer.py)."""
+        return Consumer(self.name, self.id, self.priority)
+
+
+def key_hash(secret: str) -> str:
+    return hashlib.sha256(secret.encode("utf-8", "surrogateescape")).hexdigest()
+
+
+def limit_of(record: KeyRecord) -> dict[str, int]:
+    """The key's admission limit, as the coordinator's resource."""
+    return {record.consumer().resource: record.max_concurrent}
+
+
+class Keys:
+    """This process's copy of every key (module docstring), and the admin's changes."""
+
+    def __init__(self, values: Callable[[], SharedValues]) -> None:
+        self._values = values
+        self._by_hash: dict[str, KeyRecord] = {}
+        self._by_id: dict[str, KeyRecord] = {}
+        self._loaded_at = 0.0
+        self._rev: str | None = None  # apikeys:rev as of the last reload
+        self._reloading: asyncio.Lock | None = None
+        self._follower: asyncio.Task[None] | None = None
+
+    # -- reading ---------------------------------------------------------------------
+    async def start(self) -> None:
+        with contextlib.suppress(PoolError):
+            await self.reload()
+        self._follower = asyncio.get_running_loop().create_task(self._follow())
+
+    async def aclose(self) -> None:
+        if self._follower is not None:
+            self._follower.cancel()
+            with contextlib.suppress(BaseException):
+                await self._follower
+
+    async def reload(self) -> None:
+        """Read every key from the coordinator (BusyError when it does not answer)."""
+        if self._reloading is None:
+            self._reloading = asyncio.Lock()
+        async with self._reloading:
+            rev = await self._values().get(_REV)  # before the scan: a later write reloads
+            found = await self._values().scan(_NS)
+            records = [KeyRecord.model_validate_json(v) for v in found.values()]
+            self._by_id = {r.id: r for r in records}
+            self._by_hash = {r.hash: r for r in records}
+            self._loaded_at = time.monotonic()
+            self._rev = rev
+
+    async def _follow(self) -> None:
+        """Reload at each write of ``apikeys:rev`` anywhere in the fleet."""
+        while True:
+            try:
+                async with self._values().watch(_REV) as changed:
+                    while True:
+                        await changed.wait(_RELOAD_S)
+                        with contextlib.suppress(BusyError):
+                            await self.reload()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # a store hiccup: keep the last keys, try again
+                _log.warning("API keys: following changes failed (%s)", type(exc).__name__)
+                await asyncio.sleep(1.0)
+
+    async def find(self, secret: str) -> KeyRecord | None:
+        """The live key whose secret is ``secret``, or None."""
+        digest = key_hash(secret)
+        found = self._by_hash.get(digest)
+        if found is None:
+            # A key made a moment ago on another worker may not have reached this copy
+            # yet (its change signal is in flight): one read of apikeys:rev tells, so a
+            # new key works everywhere at once. A full reload at most every
+            # _MISS_RELOAD_S otherwise (a stream of unknown keys costs one small read).
+            with contextlib.suppress(BusyError):
+                stale = time.monotonic() - self._loaded_at >= _MISS_RELOAD_S
+                if stale or await self._values().get(_REV) != self._rev:
+                    await self.reload()
+            found = self._by_hash.get(digest)
+        return found
+
+    def all(self) -> list[KeyRecord]:
+        return sorted(self._by_id.values(), key=lambda r: r.created_at)
+
+    def get(self, key_id: str) -> KeyRecord | None:
+        return self._by_id.get(key_id)
+
+    # -- the admin's changes ---------------------------------------------------------
+    async def create(self, body: KeyCreate) -> tuple[KeyRecord, str]:
+        secret = KEY_PREFIX + secrets.token_urlsafe(32)
+        record = KeyRecord(
+            id=secrets.token_hex(8), hash=key_hash(secret), created_at=time.time(),
+            **body.model_dump(),
+        )  # fmt: skip
+        await self._write(record)
+        return record, secret
+
+    async def change(self, key_id: str, body: KeyChange) -> KeyRecord:
+        await self.reload()
+        record = self._by_id.get(key_id)
+        if record is None:
+            raise KeyNotFound(f"no key {key_id[:32]!r}")
+        update = body.model_dump(exclude_unset=True)
+        for required in ("name", "max_concurrent"):  # null: left as it is
+            if update.get(required, 0) is None:
+                del update[required]
+        changed = record.model_copy(update=update)
+        await self._write(KeyRecord.model_validate(changed.model_dump()))
+        return changed
+
+    async def revoke(self, key_id: str) -> None:
+        await self.reload()
+        if key_id not in self._by_id:
+            raise KeyNotFound(f"no key {key_id[:32]!r}")
+        await self._values().delete(_NS + key_id)
+        await self._signal()
+
+    async def _write(self, record: KeyRecord) -> None:
+        await get_pool().coordinator.set_limits(limit_of(record))  # before it can be used
+        await self._values().put(_NS + record.id, record.model_dump_json(), _FOREVER_S)
+        await self._signal()
+
+    async def _signal(self) -> None:
+        await self._values().put(_REV, secrets.token_hex(8), _FOREVER_S)
+        await self.reload()
