@@ -243,18 +243,10 @@ class SpaceProcess:
         self.app_id: int | None = None
         self._proc: subprocess.Popen[bytes] | ForkedSpace | None = None
         self._log: IO[bytes] | None = None
-        for attempt in range(1, _PORT_ATTEMPTS + 1):
-            try:
-                self.start(wait=wait)
-                return
-            except SpaceStartError as exc:
-                # A port free a moment ago (free_port) can be taken by another process
-                # before the child binds it: a port we chose is chosen again.
-                if port is not None or "address already in use" not in str(exc):
-                    raise
-                if attempt == _PORT_ATTEMPTS:
-                    raise
-                self.port = free_port()
+        # Until the Space first serves, a port we chose may be chosen again (a restart
+        # keeps its URL, so it keeps its port).
+        self._may_move = port is None
+        self.start(wait=wait)
 
     @property
     def url(self) -> str:
@@ -305,9 +297,24 @@ class SpaceProcess:
         limit = self.startup_timeout_s if timeout_s is None else timeout_s
         deadline = time.monotonic() + limit
         probe = f"{self.url}gradio_api/app_id"
+        attempts = 1
         with _http() as http:
             while True:
                 if proc.poll() is not None:
+                    # A port free a moment ago (free_port) can be taken by another process
+                    # before the child binds it: a port we chose is chosen again.
+                    if (
+                        self._may_move
+                        and attempts < _PORT_ATTEMPTS
+                        and "address already in use" in self.output_tail()
+                    ):
+                        attempts += 1
+                        self.port = free_port()
+                        probe = f"{self.url}gradio_api/app_id"
+                        self.start(wait=False)
+                        proc = self._proc
+                        assert proc is not None
+                        continue
                     raise SpaceStartError(
                         f"stand-in Space {self.name!r} exited with {proc.returncode} "
                         f"while starting on port {self.port}:\n{self.output_tail()}"
@@ -316,6 +323,7 @@ class SpaceProcess:
                     response = http.get(probe, timeout=1.0)
                     if response.status_code == 200:
                         self.app_id = int(response.json()["app_id"])
+                        self._may_move = False
                         return self.app_id
                 if time.monotonic() > deadline:
                     tail = self.output_tail()

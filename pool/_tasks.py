@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 from typing import Any
+
+_log = logging.getLogger("spacepool")
 
 FIRST_WAIT_S = 5.0  # a task's own cleanup after the first cancel, before any other
 RECANCEL_S = 1.0  # then, how often a task that is still running is cancelled again
@@ -30,6 +33,8 @@ async def cancel_and_wait(*tasks: asyncio.Future[Any]) -> None:
             task.cancel()
         _, pending = await asyncio.wait(pending, timeout=wait_s)
         wait_s = RECANCEL_S
+        for task in pending:
+            _log.warning("a task ran on after its cancel; cancelling it again: %r", task)
     for task in tasks:
         if not task.cancelled():
             task.exception()  # retrieved: no "exception was never retrieved" at exit

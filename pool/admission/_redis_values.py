@@ -57,6 +57,11 @@ _RESUBSCRIBE = RetryPolicy(attempts=1, base_s=0.05, max_s=1.0)  # jittered, 50 m
 _READY_S = 1.0  # a new watcher waits this long at most for the subscription
 
 
+def _being_cancelled() -> bool:
+    task = asyncio.current_task()
+    return task is not None and task.cancelling() > 0
+
+
 async def listen(
     client: Redis,
     channel: str,
@@ -80,6 +85,8 @@ async def listen(
                 if message is not None and message["type"] == "message":
                     on_message(str(message["data"]))
         except UNREACHABLE as exc:
+            if _being_cancelled():  # the error is how the cancel surfaced: it is not lost
+                raise asyncio.CancelledError from exc
             _log.debug("subscriber of %s lost redis %s: %s", channel, where, exc)
         finally:
             # Shielded: a cancel arriving while the connection closes must not leave
@@ -145,6 +152,8 @@ class RedisValues:
             async with self._in_flight:
                 reply = await self._script(keys=keys, args=[op, key, *args])
         except UNREACHABLE as exc:
+            if _being_cancelled():  # not "unreachable": a caller's retry would lose the cancel
+                raise asyncio.CancelledError from exc
             raise StoreUnavailable(f"redis {self._where}: {exc}") from exc
         return list(reply)
 
