@@ -51,6 +51,7 @@ from . import _errors, _tracing
 from ._api import router
 from ._boundary import Boundary
 from ._dashboard import router as dashboard_router
+from ._draining import Draining
 from ._filestore import FileOutput, FileStore, run_sweeper
 from ._filestore import router as files_router
 from ._gradio import FrontSessions
@@ -126,6 +127,7 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
     runner, reclaim = _job_runner(local, pool, settings, files, boundary, keys)
     app.state.jobs = runner
     sweeper = asyncio.get_running_loop().create_task(run_sweeper(files))
+    draining = Draining()  # set by a stop signal: the streams that never end end
     front = app.state.gradio_sessions = FrontSessions(
         settings.gradio_session_idle_s,
         max_sessions=settings.gradio_max_sessions,
@@ -137,7 +139,9 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
         boundary=boundary,
         pool=pool,
         event_of=gradio_event_of,
+        draining=draining,
     )
+    draining.install()
     _log.info(
         "serving %d Space(s): %s; admission store %s",
         len(pool.spaces),
@@ -147,6 +151,7 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
     try:
         yield
     finally:
+        draining.uninstall()
         reclaim.cancel()
         await front.aclose()  # Gradio sessions: their events' slots freed
         sweeper.cancel()
@@ -188,7 +193,7 @@ def _job_runner(
     reclaimer = Reclaimer(
         runner, store, lambda: pool.coordinator.values, pool.settings.lease_ttl_s, files_for,
         boundary, keys,
-    )
+    )  # fmt: skip
     return runner, asyncio.get_running_loop().create_task(reclaimer.run())
 
 

@@ -80,6 +80,7 @@ from pool.admission import SharedValues, WaitTicket
 from pool.transport import ProtocolNotSupported, SessionDropped, SpaceTransport
 
 from .._boundary import Boundary
+from .._draining import Draining
 from ._messages import (
     RUNNER_TTL_S,
     Item,
@@ -221,7 +222,7 @@ class FrontSession:
         is in use) while it is read."""
         self.streams += 1
         try:
-            async for item in self.outbox.read():
+            async for item in self.outbox.read(self.front.draining):
                 if item is not None:
                     self.touch()
                 yield item
@@ -639,8 +640,11 @@ class FrontSessions:
     def __init__(
         self, idle_s: float, *, max_sessions: int, max_per_user: int, max_upstream: int,
         max_queued: int, boundary: Boundary, pool: Pool, event_of: EventOf | None = None,
+        draining: Draining | None = None,
     ) -> None:  # fmt: skip
         self.idle_s = idle_s
+        # Set when the process was told to stop: its endless streams end (app/_draining.py).
+        self.draining = draining if draining is not None else Draining()
         self.event_of = event_of  # builds an event handed over by another worker
         self.worker = uuid.uuid4().hex[:16]  # this process, as a session's runner
         self.boundary = boundary  # told of every output file relayed (app._boundary)

@@ -37,6 +37,7 @@ from typing import Any
 from pool import PoolError
 from pool.admission import SharedValues
 
+from .._draining import Draining
 from .._streaming import KEEPALIVE_S
 
 _log = logging.getLogger("spacepool.app")
@@ -258,39 +259,47 @@ class SessionMessages:
             failures = 0
             del self._outgoing[: len(batch)]
 
-    async def _take(self) -> list[Item]:
-        """What is in the mailbox, taken in one atomic update."""
+    async def _take(self) -> tuple[list[Item], bool]:
+        """What is in the mailbox, taken in one atomic update; and whether no event is
+        pending after it."""
         taken: list[Item] = []
+        idle = False
 
         def take(raw: str | None) -> str | None:
-            nonlocal taken
+            nonlocal taken, idle
             pending, msgs = _load(raw)
             if not msgs:
-                taken = []
+                taken, idle = [], not pending
                 return None  # nothing to take: nothing written
             left, taken = _taken(pending, msgs)
+            idle = not left
             return _keep(raw, left, [])
 
         await self._values().update(self.key, take, self.ttl_s)
-        return taken
+        return taken, idle
 
-    async def read(self) -> AsyncIterator[Item | None]:
+    async def read(self, draining: Draining) -> AsyncIterator[Item | None]:
         """Each message as it comes, with whether the stream ends after it; None after
-        :data:`KEEPALIVE_S` without one (the stream sends its keepalive)."""
+        :data:`KEEPALIVE_S` without one (the stream sends its keepalive). Once the process
+        drains (app/_draining.py) the read ends as soon as no event is pending: the stream
+        says ``close_stream`` and the client opens its next one on another worker (a
+        client may hold an idle stream open for ever: it would hold the shutdown)."""
         quiet_since = time.monotonic()
         async with self._values().watch(self.key) as changed:
             while True:
                 try:
-                    items = await self._take()
+                    items, idle = await self._take()
                 except PoolError:  # out of reach: look again after the next wake-up
-                    items = []
+                    items, idle = [], False
                 for item in items:
                     yield item
                 if items:
                     quiet_since = time.monotonic()
                     continue
+                if idle and draining.is_set():
+                    return
                 left = KEEPALIVE_S - (time.monotonic() - quiet_since)
-                if left <= 0 or not await changed.wait(left):
+                if left <= 0 or not await draining.or_changed(changed, left):
                     yield None
                     quiet_since = time.monotonic()
                     with contextlib.suppress(PoolError):

@@ -306,7 +306,8 @@ async def data(request: Request) -> Response:
 async def _stream(session: FrontSession) -> AsyncIterator[str]:
     """The session's messages (gradio/routes.py ``queue_data``): heartbeats while idle;
     ends with ``close_stream`` once no event is pending. The messages come through the
-    coordinator: this worker need not be the one running the events."""
+    coordinator: this worker need not be the one running the events. A read that ends
+    by itself (this process drains, no event pending) ends the stream the same way."""
     try:
         async for item in session.messages():
             if item is None:
@@ -315,8 +316,8 @@ async def _stream(session: FrontSession) -> AsyncIterator[str]:
             msg, last = item
             yield f"data: {json.dumps(msg)}\n\n"
             if last:
-                yield 'data: {"msg": "close_stream"}\n\n'
-                return
+                break
+        yield 'data: {"msg": "close_stream"}\n\n'
     finally:
         session.touch()
 
@@ -356,20 +357,28 @@ async def _beats(
     pool last measured it on the session's Space (else the served one's; measured now
     if it never was), or every :data:`ALIVE_S` until it is: a client that changes
     session leaves this stream at its next line (gradio_client ``_stream_heartbeat``),
-    and one that went away is seen at the next write."""
+    and one that went away is seen at the next write. The stream ends when the process
+    starts to stop (app/_draining.py): the client's next heartbeat reaches another worker,
+    and this one's shutdown does not wait for a stream that never ends."""
+    draining = front.draining
     session.heartbeats += 1
     try:
-        while True:
+        while not draining.is_set():
             yield "data: ALIVE\n\n"
             space = session.transport or served_by
             cadence = space.cadence.interval_s if space is not None else None
             if space is not None and cadence is None:
                 space.measure_cadence()
-            await asyncio.sleep(ALIVE_S if cadence is None else min(ALIVE_MAX_S, cadence))
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(
+                    draining.wait(), ALIVE_S if cadence is None else min(ALIVE_MAX_S, cadence)
+                )
     finally:
         session.heartbeats -= 1
         session.touch()
-        if session.heartbeats == 0:
+        # Ended by the client: the session ends. Ended by this worker's stop: the client
+        # comes back (on another worker); the session expires by its idle rule if not.
+        if session.heartbeats == 0 and not draining.is_set():
             front.end_later(session)
 
 

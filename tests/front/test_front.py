@@ -7,6 +7,7 @@ import hashlib
 import json
 import os
 import shutil
+import signal
 import subprocess
 import time
 from pathlib import Path
@@ -19,7 +20,7 @@ from gradio_client.exceptions import ValidationError
 from gradio_client.utils import QueueError
 
 from devspaces import SpaceFleet
-from tests.service.conftest import ServiceProcess, admin_headers
+from tests.service.conftest import ServiceProcess, admin_headers, service_env
 
 from .conftest import AUTH, GLOBAL_CAP
 
@@ -294,3 +295,50 @@ def test_bad_requests_are_answered(alias_service: ServiceProcess) -> None:
             front.predict(handle_file("https://files.invalid/in.bin"), api_name="/checksum")
     finally:
         front.close()
+
+
+def test_a_stop_signal_ends_endless_streams_and_the_service_stops_at_once(
+    front_fleet: SpaceFleet, tmp_path: Path
+) -> None:
+    """A heartbeat stream never ends by itself, nor does an idle data stream a client keeps
+    open; SIGTERM ends both (app/_draining.py: the data stream with ``close_stream``, so
+    that the client opens a new one at its next event) and the service stops without
+    waiting for them — the harness's uvicorn has no --timeout-graceful-shutdown: without
+    that it would wait until killed."""
+    shapes = front_fleet["shapes"]
+    service = ServiceProcess(
+        service_env(f"shapes={shapes.url}", tmp_path), tmp_path / "service.log"
+    )
+    client = _client(f"{service.url}/gradio/shapes/")  # its own heartbeat thread too
+    api = f"{service.url}/gradio/shapes/gradio_api"
+    hashed = client.session_hash
+    try:
+        assert client.predict("hi", 2, True, api_name="/multi")[0] == "shapes:ih"
+        with (
+            httpx.stream("GET", f"{api}/heartbeat/{hashed}", timeout=20) as beats,
+            httpx.stream("GET", f"{api}/queue/data", params={"session_hash": hashed},
+                         timeout=20) as idle,  # fmt: skip
+        ):
+            assert idle.status_code == 200
+            beat_lines = beats.iter_lines()
+            assert next(beat_lines) == "data: ALIVE"  # the stream is open
+            began = time.monotonic()
+            service.proc.send_signal(signal.SIGTERM)
+            rest: dict[str, list[str]] = {"beats": [], "data": []}
+            for name, lines in (("beats", beat_lines), ("data", idle.iter_lines())):
+                for line in lines:  # ends when the service drains
+                    rest[name].append(line)
+                    assert time.monotonic() - began < 10.0, f"{name} went on: {rest}"
+            ended_s = time.monotonic() - began
+        code = service.proc.wait(timeout=20)
+        stopped_s = time.monotonic() - began
+        print(f"\nstreams ended {ended_s:.2f} s, process {stopped_s:.2f} s after SIGTERM")
+        assert all(line in ("", "data: ALIVE") for line in rest["beats"]), rest
+        data = [json.loads(line[5:]) for line in rest["data"] if line.startswith("data:")]
+        assert data[-1:] == [{"msg": "close_stream"}], rest
+        # uvicorn raises the signal again once it has shut down (Server.capture_signals)
+        assert code in (0, -signal.SIGTERM), service.log_text()[-2000:]
+        assert stopped_s < 5.0, stopped_s
+    finally:
+        client.close()
+        service.stop()
