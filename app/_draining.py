@@ -57,7 +57,7 @@ class Draining:
             for waiting in (change, drain):
                 waiting.cancel()
             await asyncio.gather(change, drain, return_exceptions=True)
-        return drain.done() and not drain.cancelled() or change.result()
+        return (drain.done() and not drain.cancelled()) or change.result()
 
     def install(self) -> None:
         if threading.current_thread() is not threading.main_thread():
