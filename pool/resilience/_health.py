@@ -28,7 +28,8 @@ errs on the safe side for what it is used for (pool/connections/_pacing.py):
   and moves nothing, once; twice in a row the floor comes down.
 * ``refused`` ("Queue is full" to a paced join; ``at`` as for a wait): the Space runs
   and queues fewer than ``at``: window ``at - 1`` at most (and at most halved, never below the floor
-  without ``at``), held there; a provider failure for the breaker. One that contradicts
+  without ``at``), held there; a provider failure for the breaker only when none of our
+  other calls were there (``at`` ≤ 1: :func:`_refusal`). One that contradicts
   the floor (``at - 1`` below it) is a race and moves nothing, once; twice in a row
   the floor comes down (another client's load).
 * ``raced``: "Queue is full" to a join sent before the Space's joins were paced (two
@@ -199,7 +200,7 @@ def record(
             return _pushed_back(h, max(1, h.window - 1), now, sure=True)
         return _pushed_back(h, max(1, at - 1), now)
     if outcome == "raced":
-        after = record(h, "failure", now, p)  # the breaker counts it
+        after = _refusal(h, now, p, at)
         if after is h or after.breaker != "closed":
             return after
         # Maybe the limit, maybe a burst's race: down as a refusal, never below the
@@ -207,7 +208,7 @@ def record(
         cap = max(1, h.window // 2, at - 1) if at > 0 else max(1, h.window // 2)
         return dataclasses.replace(after, window=max(min(h.window, cap), min(h.floor, h.window)))
     if outcome == "refused":
-        after = record(h, "failure", now, p)
+        after = _refusal(h, now, p, at)
         if after is h or after.breaker != "closed":
             return after  # booting (nothing moves), or the breaker decides now
         if at <= 0:  # halved, but not below what the Space showed it runs
@@ -243,6 +244,17 @@ def record(
             transitions=h.transitions + 1,
         )  # fmt: skip
     return h
+
+
+def _refusal(h: SpaceHealth, now: float, p: HealthParams, at: int) -> SpaceHealth:
+    """A "Queue is full": the window halved, and a provider failure for the breaker —
+    unless others of our calls were at the Space (``at`` ≥ 2): then our own load explains
+    it, which is the window's business, not the Space's health (as Envoy keeps overflow
+    apart from outlier detection). A refusal with none of ours beside it says the Space
+    is full for us: five in a row open the breaker, and the app's calls go elsewhere."""
+    if at >= 2 and h.breaker == "closed" and not h.waking(now):
+        return dataclasses.replace(h, streak=0, window=max(1, h.window // 2))
+    return record(h, "failure", now, p)
 
 
 def _pushed_back(h: SpaceHealth, cap: int, now: float, *, sure: bool = False) -> SpaceHealth:

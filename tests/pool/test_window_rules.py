@@ -79,7 +79,7 @@ def test_refusals_cap_at_the_calls_there_but_a_single_race_below_the_floor_moves
     """Refused at 4 calls: the Space runs and queues at most 3 (window 3, held). With a
     floor of 2 (2 ran at once), a refusal at 2 is a race: nothing moves, once."""
     h = record(fresh(), "refused", 1.0, P, at=4)
-    assert (h.window, h.held_at, h.failures) == (3, 3, 1)
+    assert (h.window, h.held_at, h.failures) == (3, 3, 0), "our own load: not the breaker's"
     h = record(h, "prompt", 1.0, P, at=2)
     h = record(h, "prompt", 1.0, P, at=2)  # confirmed
     h = record(h, "refused", 2.0, P, at=2)
@@ -93,13 +93,28 @@ def test_refusals_cap_at_the_calls_there_but_a_single_race_below_the_floor_moves
 
 def test_a_refusal_of_an_unpaced_join_holds_nothing_and_prompt_starts_bring_it_back() -> None:
     h = record(fresh(), "raced", 1.0, P, at=4)
-    assert (h.window, h.failures, h.held_until) == (3, 1, 0.0)
+    assert (h.window, h.failures, h.held_until) == (3, 0, 0.0)
     for _ in range(3):
         h = record(h, "prompt", 1.0, P, at=3)
     assert h.window == 4, "a race: growth was not held"
     for _ in range(5):
         h = record(h, "raced", 1.0, P, at=1)
     assert h.breaker == "open"
+
+
+def test_refusals_count_toward_the_breaker_only_without_our_other_calls_there() -> None:
+    """Queue-full answers while the window is still above the Space's room (others of our
+    calls there) never open the breaker, however many; five with none of ours beside
+    them (the Space is full for us) or not known (``at`` 0) do."""
+    h = fresh()
+    for _ in range(12):
+        h = record(h, "refused", 1.0, P, at=3)
+    assert (h.breaker, h.failures) == ("closed", 0)
+    for at in (1, 0):
+        h = fresh()
+        for _ in range(P.breaker_failures):
+            h = record(h, "refused", 1.0, P, at=at)
+        assert h.breaker == "open", at
 
 
 def test_without_at_the_old_steps_remain() -> None:
