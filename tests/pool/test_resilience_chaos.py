@@ -61,7 +61,8 @@ async def test_a_job_killed_mid_run_is_retried_only_when_safe(safe: bool) -> Non
             fleet["doomed"].kill(signal.SIGKILL)
             if safe:
                 done = await call
-                assert (done.space, done.attempts) == ("spare", 2), (done, fleet["doomed"].is_running())
+                still = fleet["doomed"].is_running()
+                assert (done.space, done.attempts) == ("spare", 2), (done, still)
             else:
                 with pytest.raises(PoolError) as info:
                     await call
