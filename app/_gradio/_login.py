@@ -25,7 +25,13 @@ Here, for a scope (``/gradio/{alias}`` or ``/gradio``) with a Space that
   wrong credentials (gradio_client ``AuthenticationError``, @gradio/client "Invalid
   credentials"), where a 400 is an opaque "Could not login";
 * ``login`` is not behind ``POOL_API_TOKEN``: gradio_client's ``_login`` sends no
-  headers. The cookie alone opens nothing there: every other route still needs the token.
+  headers. The cookie alone opens nothing there: every other route still needs the token;
+* failed logins are counted per scope, caller address and username, fleet-wide (the
+  coordinator's shared values): after :data:`FAILURES_MAX` within
+  :data:`FAILURE_WINDOW_S` of each other, that caller's logins as that user are answered
+  429 with ``Retry-After`` until the window has passed, before the Space is asked — the
+  front is not a way to guess a Space's passwords at its own speed (Gradio counts
+  nothing). A success clears the count. Another caller, or another username, is not held.
 
 A caller's login opens the front to that caller; the Space's events then run as the
 pool's login (``POOL_SPACE_AUTH``'s user), as every call of the pool does.
@@ -34,6 +40,7 @@ pool's login (``POOL_SPACE_AUTH``'s user), as every call of the pool does.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import hmac
 import time
 import urllib.parse
@@ -43,10 +50,13 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, RedirectResponse, Response
 
 from pool import Pool, PoolError, UnknownSpace, UpstreamError, get_pool
+from pool.admission import SharedValues
 
 from ._space_view import transport_of
 
 LOGIN_TTL_S = 24 * 3600
+FAILURES_MAX = 10  # failed logins of one caller as one user …
+FAILURE_WINDOW_S = 600.0  # … each within this long of the last: then 429 until it passes
 COOKIE = "spacepool-login"
 NOT_AUTHENTICATED = {"detail": {"error": "Not authenticated", "auth_message": None}}
 
@@ -91,9 +101,18 @@ async def login(request: Request, scope: str | None, front_root: str) -> Respons
         username, password = form.get("username"), form.get("password")
     if not isinstance(username, str) or not isinstance(password, str):
         return JSONResponse({"detail": "username and password are required"}, status_code=422)
-    if not await _space_accepts(pool, names, username.strip(), password):
-        return JSONResponse({"detail": "Incorrect credentials."}, status_code=401)
     await pool.start()
+    values, key = pool.coordinator.values, _failures_key(request, scope, username.strip())
+    if await _failures(values, key) >= FAILURES_MAX:
+        return JSONResponse({"detail": "Too many failed logins: try again later."},
+                            status_code=429,
+                            headers={"Retry-After": str(int(FAILURE_WINDOW_S))})  # fmt: skip
+    if not await _space_accepts(pool, names, username.strip(), password):
+        with contextlib.suppress(PoolError):  # the store out of reach: not counted
+            await values.update(key, lambda raw: str(int(raw or 0) + 1), FAILURE_WINDOW_S)
+        return JSONResponse({"detail": "Incorrect credentials."}, status_code=401)
+    with contextlib.suppress(PoolError):
+        await values.delete(key)
     expiry = str(int(time.time() + LOGIN_TTL_S))
     response = JSONResponse({"success": True})
     response.set_cookie(
@@ -102,6 +121,21 @@ async def login(request: Request, scope: str | None, front_root: str) -> Respons
         secure=request.url.scheme == "https",
     )  # fmt: skip
     return response
+
+
+def _failures_key(request: Request, scope: str | None, username: str) -> str:
+    address = request.client.host if request.client is not None else ""
+    who = f"{scope or ''}\n{address}\n{username}".encode()
+    return f"glogin:f:{hashlib.sha256(who).hexdigest()[:40]}"  # no username in the store
+
+
+async def _failures(values: SharedValues, key: str) -> int:
+    """The failed logins counted under ``key`` (0 when the store is out of reach)."""
+    try:
+        raw = await values.get(key)
+    except PoolError:
+        return 0
+    return int(raw) if raw is not None and raw.isdigit() else 0
 
 
 def logout(scope: str | None, front_root: str) -> Response:

@@ -101,6 +101,24 @@ def test_wrong_credentials_are_a_401(service: ServiceProcess) -> None:
                          ).status_code < 500  # fmt: skip
 
 
+def test_repeated_failed_logins_are_held_for_that_caller_and_user(service: ServiceProcess) -> None:
+    """FAILURES_MAX wrong passwords for one user from one address: the next login as that
+    user — even with the right password — is a 429 with Retry-After; another user from
+    the same address still logs in (app/_gradio/_login.py)."""
+    from app._gradio._login import FAILURE_WINDOW_S, FAILURES_MAX
+
+    with httpx.Client(base_url=f"{service.url}/gradio/locked", timeout=DEADLINE_S) as http:
+        for _ in range(FAILURES_MAX):
+            wrong = http.post("/login", data={"username": POOL_USER, "password": WRONG})
+            assert wrong.status_code == 401, wrong.text
+        held = http.post("/login", data={"username": POOL_USER, "password": POOL_PASSWORD})
+        assert held.status_code == 429, held.text
+        assert held.headers["retry-after"] == str(int(FAILURE_WINDOW_S))
+        assert "set-cookie" not in held.headers
+        other = http.post("/login", data={"username": CALLER, "password": CALLER_PASSWORD})
+        assert other.status_code == 200, other.text
+
+
 def test_no_route_of_the_scope_is_open_without_the_login(service: ServiceProcess) -> None:
     """Without a valid cookie every route answers login_check's 401 (no way around the
     login); a forged, expired or other scope's cookie is refused too."""
