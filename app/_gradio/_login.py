@@ -40,7 +40,6 @@ pool's login (``POOL_SPACE_AUTH``'s user), as every call of the pool does.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import hmac
 import time
 import urllib.parse
@@ -102,7 +101,7 @@ async def login(request: Request, scope: str | None, front_root: str) -> Respons
     if not isinstance(username, str) or not isinstance(password, str):
         return JSONResponse({"detail": "username and password are required"}, status_code=422)
     await pool.start()
-    values, key = pool.coordinator.values, _failures_key(request, scope, username.strip())
+    values, key = pool.coordinator.values, _failures_key(pool, request, scope, username.strip())
     if await _failures(values, key) >= FAILURES_MAX:
         return JSONResponse({"detail": "Too many failed logins: try again later."},
                             status_code=429,
@@ -123,10 +122,11 @@ async def login(request: Request, scope: str | None, front_root: str) -> Respons
     return response
 
 
-def _failures_key(request: Request, scope: str | None, username: str) -> str:
+def _failures_key(pool: Pool, request: Request, scope: str | None, username: str) -> str:
+    """A keyed hash (the fleet's secret): a username may be an email, never stored plain."""
     address = request.client.host if request.client is not None else ""
-    who = f"{scope or ''}\n{address}\n{username}".encode()
-    return f"glogin:f:{hashlib.sha256(who).hexdigest()[:40]}"  # no username in the store
+    who = pool.sign(f"spacepool login failures\n{scope or ''}\n{address}\n{username}")
+    return f"glogin:f:{who[:40]}"
 
 
 async def _failures(values: SharedValues, key: str) -> int:
