@@ -182,9 +182,21 @@ class ForkedSpace:
         self.returncode: int | None = None
         self._zygote = zygote
         self._ended = threading.Event()
+        # The zygote, not this process, reaps the child: once it has, the pid is free, and
+        # this machine wraps its 32,768 pids within one run of the suite (threads take
+        # pids too). A signal sent by pid could then reach an unrelated process; one sent
+        # through a pidfd, opened while the child runs, only ever reaches this child.
+        self._signals = threading.Lock()
+        self._pidfd: int | None = None
+        with contextlib.suppress(OSError):  # already gone: no signal will be sent
+            self._pidfd = os.pidfd_open(pid)
 
     def _exited(self, code: int) -> None:
-        self.returncode = code
+        with self._signals:
+            self.returncode = code
+            if self._pidfd is not None:
+                os.close(self._pidfd)
+                self._pidfd = None
         self._ended.set()
 
     def poll(self) -> int | None:
@@ -201,9 +213,10 @@ class ForkedSpace:
         return self.returncode
 
     def send_signal(self, sig: int) -> None:
-        if self.returncode is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(self.pid, sig)
+        with self._signals:
+            if self.returncode is None and self._pidfd is not None:
+                with contextlib.suppress(ProcessLookupError):
+                    signal.pidfd_send_signal(self._pidfd, sig)
 
     def terminate(self) -> None:
         self.send_signal(signal.SIGTERM)
