@@ -1,3 +1,5 @@
+-- Admission in Redis: the all-or-nothing FIFO lease rule (_rule.py) as one atomic script,
+-- loaded by _lua.py for the Redis store (_redis.py).
 -- KEYS: meta, limits, held, queue, waiters, wexp, leases, lexp, lanes (see _redis.py)
 -- ARGV: channel prefix, then one or more operations, each as a count n and n items:
 --       op, owner, epoch, op arguments...  Returns the JSON list of their results.

@@ -1,3 +1,4 @@
+-- Shared values in Redis (_redis_values.py): put, get, scan, delete, update, with expiry.
 -- KEYS: values:<ns> HASH, vexp:<ns> ZSET.  ARGV: op, key or prefix, op arguments.
 local VALUES, EXPIRY = KEYS[1], KEYS[2]
 local op, key = ARGV[1], ARGV[2]
