@@ -1,8 +1,11 @@
 """Sessions over HTTP: a conversation with one Space whose ``gr.State`` lives across calls.
 
-* ``POST /api/sessions`` ``{"email"?, "space"?}`` → 201 ``{"session", "space",
-  "expires_at"}`` (``Pool.open_session``: the caller's pinned or routed Space, or the
-  one named);
+* ``POST /api/sessions`` ``{"email"?, "space"?, "api_name"?}`` → 201 ``{"session",
+  "space", "expires_at"}`` (``Pool.open_session``): on the Space named, else unpinned
+  (``"space": null``) until its first call, which is routed by its ``api_name`` like
+  any call (the user's pin in that app, when there is one) and pins it; ``api_name``
+  binds the session to the app that has that endpoint (its replica is still chosen at
+  the first call);
 * ``"session": "<id>"`` in a ``/api/predict`` or ``/api/jobs`` body continues it (with
   the same ``email`` as opened it);
 * ``GET /api/sessions/{id}`` and ``DELETE /api/sessions/{id}`` (``?email=`` when it was
@@ -22,13 +25,19 @@ from __future__ import annotations
 from datetime import UTC, datetime
 
 from fastapi import APIRouter, Depends, Path, Query, Request
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from pool import PoolSession, get_pool
 
 from ._auth import require_api_token
 from ._logging import context_of
-from ._schemas import EMAIL_MAX_CHARS, EMAIL_PATTERN, ERROR_RESPONSES, SPACE_PATTERN
+from ._schemas import (
+    API_NAME_PATTERN,
+    EMAIL_MAX_CHARS,
+    EMAIL_PATTERN,
+    ERROR_RESPONSES,
+    SPACE_PATTERN,
+)
 from ._settings import ServiceSettings
 
 router = APIRouter(
@@ -44,20 +53,31 @@ class SessionRequest(BaseModel):
 
     email: str | None = Field(default=None, max_length=EMAIL_MAX_CHARS, pattern=EMAIL_PATTERN)
     space: str | None = Field(default=None, max_length=128, pattern=SPACE_PATTERN)
+    api_name: str | None = Field(
+        default=None, max_length=129, pattern=API_NAME_PATTERN,
+        description="binds the session to the app with this endpoint (without space)",
+    )  # fmt: skip
+
+
+    @field_validator("api_name")
+    @classmethod
+    def _leading_slash(cls, value: str | None) -> str | None:
+        return value if value is None or value.startswith("/") else "/" + value
 
 
 class SessionView(BaseModel):
-    """A session: its id, its Space, and when it ends unless a call comes first."""
+    """A session: its id, its Space (null until its first call pins it), and when it
+    ends unless a call comes first."""
 
     session: str
-    space: str
+    space: str | None
     expires_at: str = Field(description="UTC; every call moves it POOL_SESSION_IDLE_S on")
 
 
 def _view(session: PoolSession) -> SessionView:
     when = datetime.fromtimestamp(session.expires_at, UTC).isoformat(timespec="seconds")
     return SessionView(
-        session=session.id, space=session.space, expires_at=when.replace("+00:00", "Z")
+        session=session.id, space=session.space or None, expires_at=when.replace("+00:00", "Z")
     )
 
 
@@ -72,9 +92,9 @@ async def open_session(body: SessionRequest, request: Request) -> SessionView:
     context_of(request).user = pool.hash_user(body.email) if body.email else None
     settings: ServiceSettings = request.app.state.settings
     session = await pool.open_session(
-        body.email, body.space, limit=settings.max_sessions_per_user
+        body.email, body.space, limit=settings.max_sessions_per_user, api_name=body.api_name
     )
-    context_of(request).space = session.space
+    context_of(request).space = session.space or None
     return _view(session)
 
 

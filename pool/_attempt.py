@@ -45,6 +45,7 @@ from ._exceptions import (
     UpstreamTransportError,
 )
 from ._failures import failure
+from ._first_of import FirstOf, Repinned
 from ._sessions import PoolSession, Sessions
 from ._settings import PoolSettings
 from ._trace import traced
@@ -60,7 +61,7 @@ from .connections._handle import PooledClient
 from .connections._space_pool import SpacePool
 from .resilience import HealthBoard, Outcome, Waker, http_probe
 from .routing._apps import Apps
-from .routing._choice import Choice
+from .routing._choice import Choice, Route
 from .routing._routing import Router
 from .routing._scheduling import classed_ticket, queue_timeout_for
 
@@ -74,10 +75,6 @@ def _log_failure(task: asyncio.Task[Any]) -> None:
     """Report the error of a release task that nobody awaits any more."""
     if not task.cancelled() and (exc := task.exception()) is not None:
         _log.error("a release failed after its caller left: %r", exc)
-
-
-def _granted(wait: asyncio.Future[Lease]) -> bool:
-    return wait.done() and not wait.cancelled() and wait.exception() is None
 
 
 def _detach(tasks: set[asyncio.Task[Any]], work: Coroutine[Any, Any, Any]) -> None:
@@ -123,6 +120,9 @@ class Attempts:
         once the pool is started."""
         record = None if session is None else await self.sessions.resolve(session, email, space)
         space = space if record is None else record.space or space  # unpinned: routed
+        if record is not None and api_name is not None:
+            self.choice.check_session_call(record.space, record.app, api_name)
+        app = None if record is None or record.space is not None else record.app
         if space is not None and space not in self.spaces:
             raise UnknownSpace(space, list(self.spaces))
         user = self.hash_user(email)
@@ -131,7 +131,7 @@ class Attempts:
         queue_by = now + queue_timeout_for(self.settings, ticket, queue_timeout_s)
         by = None if wake_limit_s is None else now + wake_limit_s
         lease, sp, conn = await self._admit_and_checkout(
-            user, space, queue_by, by, ticket, avoid, api_name
+            user, space, queue_by, by, ticket, avoid, api_name, app
         )
         handle = self._handle_for(sp, conn, lease)
         started = self.clock.now()
@@ -223,43 +223,45 @@ class Attempts:
         ticket: WaitTicket | None,
         avoid: Sequence[str],
         api_name: str | None,
+        app: str | None = None,
     ) -> tuple[Lease, SpacePool, Connection]:
         """Route, wake, admit, check out; a failure before the call fails over."""
         tried: list[str] = []
         last_error: PoolError | None = None
         while True:
-            names, probing = await self._within(
-                by, "routing", self.choice.pick(user, space, tried, last_error, avoid, api_name)
-            )
-            sps = self._late(names)
+            route = await self._within(
+                by, "routing",
+                self.choice.pick(user, space, tried, last_error, avoid, api_name, app),
+            )  # fmt: skip
+            sps = self._late(route.spaces)
             sp = sps[0]
             try:
                 await self._wake(sp, by, ticket)
-                lease, sp = await self._admit(sps, user, queue_by, by, ticket)
+                lease, sp = await self._admit(sps, user, route, queue_by, by, ticket)
                 conn = await self._checkout(sp, lease, by)
+            except Repinned:
+                continue  # the user's pin is a Space this waiter did not queue for
             except UpstreamTransportError as exc:
                 self.space_failed(sp, exc, placed=False)
                 if failure(exc.kind).provider:
                     await self.await_detached(self.record(sp.name, "failure"))
-                elif probing:
+                elif route.probe:
                     await self.await_detached(self.record(sp.name, "neutral"))
                 tried.append(sp.name)
                 last_error = exc
                 continue
             except BaseException:
-                if probing:  # hand the half-open probe back: nothing was learned
+                if route.probe:  # hand the half-open probe back: nothing was learned
                     await self.await_detached(self.record(sp.name, "neutral"))
                 raise
             if space is None and not sp.may_serve(api_name):
                 # Its API became known on connecting, without the endpoint: not here.
                 sp.checkin(conn, discard=False)
                 await self.await_detached(self.coordinator.release(lease))
-                if probing:
+                if route.probe:
                     await self.await_detached(self.record(sp.name, "neutral"))
                 tried.append(sp.name)
                 continue
-            if user is not None and space is None:
-                self.choice.assign(self.apps.pin_key(user, api_name) or user, sp.name)
             return lease, sp, conn
 
     def _late(self, names: list[str]) -> list[SpacePool]:
@@ -287,6 +289,7 @@ class Attempts:
         self,
         sps: list[SpacePool],
         user: str | None,
+        route: Route,
         queue_by: float,
         by: float | None,
         ticket: WaitTicket | None,
@@ -299,7 +302,12 @@ class Attempts:
         with the same class and arrival, so the app's replicas serve one queue: the first
         replica to free a slot admission allows serves it, and every other place is given
         up (a grant that came at the same moment goes back to the store, which hands it
-        to the next waiter). Grants made in one hand-off go to the best Space first."""
+        to the next waiter). Grants made in one hand-off go to the best Space first.
+
+        A user not pinned yet is pinned by its first admitted call (issue 37,
+        :meth:`Choice.claim`): once any call of theirs — here or in another process —
+        is admitted somewhere, their other waiters keep only their place on that Space
+        (same arrival: nobody passes them), and a grant elsewhere goes back."""
         # Anonymous callers share one consumer (issue 28): however many they are, they
         # hold at most POOL_ANONYMOUS_MAX_CONCURRENT slots, and a named user's request is
         # never queued behind theirs (a waiter held back by its consumer holds no place).
@@ -308,56 +316,25 @@ class Attempts:
         waited_from = self.clock.now()
         limit = queue_by if by is None else min(queue_by, by)
         timeout = max(0.0, limit - waited_from)
+        claims = route.pin_key is not None and sps[0].name != route.pinned
         try:
-            if len(sps) == 1:
+            if len(sps) == 1 and not claims:
                 sp = sps[0]
                 lease = await self.coordinator.acquire(
                     [GLOBAL_RESOURCE, SPACE_PREFIX + sp.name, *consumers], timeout=timeout,
                     ticket=ticket,
                 )  # fmt: skip
             else:
-                lease, sp = await self._first_of(sps, consumers, timeout, ticket)
+                first_of = FirstOf(
+                    coordinator=self.coordinator, choice=self.choice, detached=self.await_detached,
+                    sps=sps, consumers=consumers, route=route if claims else None,
+                )  # fmt: skip
+                lease, sp = await first_of.run(timeout, ticket)
         except BusyError as exc:
             emit(self.hooks, PoolEvent("busy", sps[0].name, exc.reason))
             raise
         emit(self.hooks, PoolEvent("admitted", sp.name, None, self.clock.now() - waited_from))
         return lease, sp
-
-    async def _first_of(
-        self, sps: list[SpacePool], consumers: list[str], timeout: float, ticket: WaitTicket | None
-    ) -> tuple[Lease, SpacePool]:
-        """Queue for every one of ``sps`` at once; the first grant (the best Space among
-        those granted in one hand-off) wins, every other wait is given up."""
-        parts = (ticket or WaitTicket()).parts(len(sps))
-        waits = [
-            asyncio.ensure_future(self.coordinator.acquire(
-                [GLOBAL_RESOURCE, SPACE_PREFIX + sp.name, *consumers], timeout=timeout,
-                ticket=part,
-            ))
-            for sp, part in zip(sps, parts, strict=True)
-        ]  # fmt: skip
-        chosen: int | None = None
-        try:
-            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
-            await asyncio.sleep(0)  # the grants of the same hand-off
-            chosen = next((i for i, w in enumerate(waits) if _granted(w)), None)
-            if chosen is None:
-                await next(w for w in waits if w.done())  # its error
-        finally:  # in a task of its own: a second cancel must not leave a grant held
-            await self.await_detached(self._give_up(waits, chosen))
-        assert chosen is not None
-        return waits[chosen].result(), sps[chosen]
-
-    async def _give_up(self, waits: Sequence[asyncio.Future[Lease]], chosen: int | None) -> None:
-        """Stop every wait but the ``chosen`` one; return the grants it will not use."""
-        others = [w for i, w in enumerate(waits) if i != chosen]
-        for wait in others:
-            wait.cancel()
-        if others:
-            await asyncio.gather(*others, return_exceptions=True)
-        for wait in others:
-            if _granted(wait):
-                await self.await_detached(self.coordinator.release(wait.result()))
 
     async def _checkout(self, sp: SpacePool, lease: Lease, by: float | None) -> Connection:
         """A connection of ``sp`` under ``lease`` (released on failure)."""

@@ -151,7 +151,9 @@ class Pool:
         self.resource_cap = resource_cap()
         self._board: HealthBoard | None = None
         self._waker: Waker | None = None
-        self.router = Router(ttl_s=s.assignment_ttl_s, clock=self.clock.now)
+        self.router = Router(
+            ttl_s=s.assignment_ttl_s, values=lambda: self.coordinator.values, clock=self.clock.now
+        )
         self.spaces = self._space_pools()
         self.hooks: list[Hook] = []
         self._stats = Stats(
@@ -173,7 +175,6 @@ class Pool:
         return Sessions(
             values=lambda: self.coordinator.values, spaces=self.spaces, clock=self.clock,
             idle_s=self.settings.session_idle_s, hash_user=self.hash_user,
-            choose=lambda user: self.choice.for_session(user),
         )  # fmt: skip
 
     @functools.cached_property
@@ -416,14 +417,20 @@ class Pool:
             return await self.requests.predict(api_name, args, options)
 
     async def open_session(
-        self, email: str | None, space: str | None = None, *, limit: int | None = None
-    ) -> PoolSession:
+        self, email: str | None, space: str | None = None, *, limit: int | None = None,
+        api_name: str | None = None,
+    ) -> PoolSession:  # fmt: skip
         """A conversation: calls with ``session=`` share one Space and its ``gr.State``
         (:mod:`pool._sessions`); it expires after ``POOL_SESSION_IDLE_S`` without a call.
-        ``limit``: the sessions one user may hold open (anonymous callers: one user);
-        :class:`~pool.UserLimitReached` at it."""
+        Without ``space`` it is unpinned (``space == ""``) until its first call, which
+        is routed by its ``api_name`` like any call and pins it; ``api_name`` binds it to
+        the app that has that endpoint (:class:`~pool.UnknownEndpoint` or
+        :class:`~pool.AmbiguousEndpoint` as for a call). ``limit``: the sessions one user
+        may hold open (anonymous callers: one user); :class:`~pool.UserLimitReached` at
+        it."""
         await self.start()
-        return await self.sessions.open(email, space, limit=limit)
+        app = None if space is not None or api_name is None else await self.choice.app_for(api_name)
+        return await self.sessions.open(email, space, limit=limit, app=app)
 
     async def get_session(self, session: str | PoolSession, email: str | None) -> PoolSession:
         """The live session (:class:`~pool.SessionNotFound` if unknown, expired or not

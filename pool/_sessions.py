@@ -31,15 +31,18 @@ A session leaves the count when it is closed or lost, or, having expired, when t
 is next at the limit; a session in use re-writes the count at least once per
 ``POOL_SESSION_IDLE_S`` (``indexed``), so the count never expires before it does.
 
-A session may also be opened *unpinned* (:meth:`Sessions.open_named`: the Gradio
-front's, named after the client's own ``session_hash``): it has no Space until its
-first call, which is routed and admitted like any other, and is pinned to the Space
-that admitted it (:meth:`Sessions.attach`); a Space that dropped it unpins it
-(:meth:`Sessions.unpin`: a fresh upstream ``session_hash``, its state lost as on a
-restarted Space) and its next call is routed again. Such a session keeps its own idle
-time (``idle_s`` in the record: ``POOL_GRADIO_SESSION_IDLE_S``) and its own count of
-what each user holds (``family``); expiry, renewal (:meth:`Sessions.renew`) and ending
-(:meth:`Sessions.close`) are the same for every session.
+A session opened without a Space is *unpinned* (:meth:`Sessions.open`, and
+:meth:`Sessions.open_named`: the Gradio front's, named after the client's own
+``session_hash``): it has no Space until its first call, which is routed by its
+``api_name`` and admitted like any other (the user's pin in that app, when there is
+one), and is pinned to the Space that admitted it (:meth:`Sessions.attach`); one opened
+for an app (``app``) is routed among that app's replicas only. A Space that dropped a
+front session unpins it (:meth:`Sessions.unpin`: a fresh upstream ``session_hash``, its
+state lost as on a restarted Space) and its next call is routed again. A front session
+keeps its own idle time (``idle_s`` in the record: ``POOL_GRADIO_SESSION_IDLE_S``) and
+its own count of what each user holds (``family``); expiry, renewal
+(:meth:`Sessions.renew`) and ending (:meth:`Sessions.close`) are the same for every
+session.
 
 A replicated Space keeps a session on one replica through cookies
 (pool/transport/_affinity.py): the session's first request (that ``app_id`` question,
@@ -103,13 +106,14 @@ class SessionRecord:
     indexed: float = 0.0  # wall clock when the owner's count was last re-written for it
     idle_s: float = 0.0  # it ends after this long unused (0: POOL_SESSION_IDLE_S)
     family: str = ""  # whose count of open sessions it is in ("": conversations)
+    app: str | None = None  # the app an unpinned session is bound to (None: any)
 
     def dumps(self) -> str:
         return json.dumps({"space": self.space, "upstream": self.upstream,
                            "owner": self.owner, "app_id": self.app_id,
                            "used": self.used, "replica": self.replica,
                            "indexed": self.indexed, "idle_s": self.idle_s,
-                           "family": self.family})  # fmt: skip
+                           "family": self.family, "app": self.app})  # fmt: skip
 
     @classmethod
     def loads(cls, key: str, raw: str) -> SessionRecord:
@@ -119,7 +123,8 @@ class SessionRecord:
         return cls(key, None if space is None else str(space), str(data["upstream"]),
                    data["owner"], data["app_id"], float(data["used"]),
                    _cookies(data.get("replica", ())), float(data.get("indexed", 0.0)),
-                   float(data.get("idle_s", 0.0)), str(data.get("family", "")))  # fmt: skip
+                   float(data.get("idle_s", 0.0)), str(data.get("family", "")),
+                   None if data.get("app") is None else str(data["app"]))  # fmt: skip
 
     def renewed(self, used: float) -> SessionRecord:
         return dataclasses.replace(self, used=used)
@@ -140,16 +145,13 @@ class Sessions:
     def __init__(
         self, *, values: Callable[[], SharedValues], spaces: Mapping[str, SpacePool],
         clock: Clock, idle_s: float, hash_user: Callable[[str | None], str | None],
-        choose: Callable[[str | None], str],
     ) -> None:  # fmt: skip
-        """``values``: the coordinator's shared values (once started); ``choose``: the
-        Space a new session of a user goes to (their pin, else round robin)."""
+        """``values``: the coordinator's shared values (once started)."""
         self._values = values
         self._spaces = spaces
         self._clock = clock
         self.idle_s = idle_s
         self._hash_user = hash_user
-        self._choose = choose
         # The sessions each user holds open, fleet-wide (see the module docstring); the
         # Gradio front's apart, under their own limit.
         self.held = Holdings(
@@ -165,18 +167,27 @@ class Sessions:
         return record.idle_s or self.idle_s
 
     async def open(
-        self, email: str | None, space: str | None = None, *, limit: int | None = None
-    ) -> PoolSession:
-        """A new session for ``email`` (None: anonymous) on ``space`` or on the Space
-        the caller is routed to (their pin, else round-robin / least loaded). The
-        Space is connected to (no admission slot) to learn its ``app_id``. ``limit``:
-        the sessions one user may hold open (every anonymous caller together counting
-        as one); at it, :class:`~pool.UserLimitReached` before anything is connected."""
+        self, email: str | None, space: str | None = None, *, limit: int | None = None,
+        app: str | None = None,
+    ) -> PoolSession:  # fmt: skip
+        """A new session for ``email`` (None: anonymous). On ``space``, when named: the
+        Space is connected to (no admission slot) to learn its ``app_id``. Otherwise it
+        is opened unpinned (its ``space`` is ``""``) and its first call, routed by its
+        ``api_name`` like any call (the user's pin in that app when there is one), pins
+        it (issue 37); ``app`` binds it to one app's replicas. ``limit``: the sessions
+        one user may hold open (every anonymous caller together counting as one); at it,
+        :class:`~pool.UserLimitReached` before anything is connected."""
         user = self._hash_user(email)
         session_id = secrets.token_urlsafe(24)
         key = _key(session_id)
         await self.held.take(user, key, limit, self._lasts)
         try:
+            if space is None:
+                now = self._clock.wall()
+                record = SessionRecord(key, None, uuid.uuid4().hex, user, None, now,
+                                       indexed=now, app=app)  # fmt: skip
+                await self._values().put(key, record.dumps(), self.idle_s)
+                return self.view(session_id, record)
             return await self._open(user, space, session_id)
         except BaseException:
             with contextlib.suppress(Exception):
@@ -225,10 +236,8 @@ class Sessions:
             return math.inf
         return record.used + self._idle(record) - self._clock.wall()
 
-    async def _open(self, user: str | None, space: str | None, session_id: str) -> PoolSession:
-        if space is None:
-            space = self._choose(user)
-        elif space not in self._spaces:
+    async def _open(self, user: str | None, space: str, session_id: str) -> PoolSession:
+        if space not in self._spaces:
             raise UnknownSpace(space, list(self._spaces))
         sp = self._spaces[space]
         async with self._clock.timeout(None):  # real I/O, bounded by the connect timeout

@@ -114,6 +114,20 @@ class Apps:
                     apps.setdefault(self.app_of(name) or name, []).append(name)
             raise AmbiguousEndpoint(api_name, apps)
 
+    async def app_for(self, api_name: str, admits: Callable[[str], bool]) -> str | None:
+        """The app whose endpoint ``api_name`` is (AmbiguousEndpoint as :meth:`check`);
+        None when no Space known to the pool has it yet (one could not be reached)."""
+        await self.check(api_name, admits)
+        await self.discover(admits)
+        serving = sorted(n for names in self._serving(api_name).values() for n in names)
+        return self.app_of(serving[0]) if serving else None
+
+    def endpoints(self, app: str) -> list[str] | None:
+        """The named endpoints of ``app``'s replicas (None while none is known)."""
+        known = [sp.api_names for n, sp in self._spaces.items()
+                 if sp.api_names is not None and self.app_of(n) == app]  # fmt: skip
+        return sorted(set().union(*known)) if known else None
+
     def pin_key(self, user: str | None, api_name: str | None) -> str | None:
         """What a user's pin is kept under: the user alone while the pool has one app
         (or the call's is not known), else the user in the call's app."""

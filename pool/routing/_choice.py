@@ -4,8 +4,8 @@ admits work or is due a half-open probe (SPEC 4.4, docs/scheduling.md).
 
 A caller with no usable pin (anonymous, or a user not pinned yet) gets every replica
 that may take it, best first: it waits for all of them at once and the first to free a
-slot serves it (late binding, issue 31, pool/_attempt.py); a user is pinned where it
-was admitted (:meth:`Choice.assign`).
+slot serves it (late binding, issue 31, pool/_attempt.py); a user is pinned where its
+first call was admitted, fleet-wide (:meth:`Router.claim <pool.routing._routing.Router.claim>`).
 
 :class:`Choice` is given the narrow things it reads (the Spaces' local pools, the shared
 health board, the apps, the pins) and decides; it never calls back into the pool.
@@ -14,14 +14,35 @@ health board, the apps, the pins) and decides; it never calls back into the pool
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from contextlib import AbstractAsyncContextManager
+from dataclasses import dataclass
 
 from .._clock import Clock
 from .._events import Hook, PoolEvent, emit
 from .._exceptions import NoHealthySpaceError, PoolError, UnknownEndpoint
+from ..admission._watch import Changed
 from ..connections._space_pool import SpacePool
 from ..resilience import HealthBoard
 from ._apps import Apps
 from ._routing import Router
+
+
+@dataclass(frozen=True)
+class Route:
+    """Where an attempt may go: ``spaces`` best first (one when it is named, pinned or
+    a probe), whether it is the half-open ``probe`` of that one Space, and the user's
+    pin: its key (None: anonymous, or a named Space), the Space it named when routed
+    (``pinned``) and the pin this attempt fails over from (``replacing``)."""
+
+    spaces: list[str]
+    probe: bool = False
+    pin_key: str | None = None
+    pinned: str | None = None
+
+    @property
+    def replacing(self) -> str | None:
+        """The pinned Space when this route left it out (it could not take the call)."""
+        return self.pinned if self.pinned is not None and self.pinned not in self.spaces else None
 
 
 class Choice:
@@ -46,23 +67,27 @@ class Choice:
         last: PoolError | None,
         avoid: Sequence[str],
         api_name: str | None = None,
-    ) -> tuple[list[str], bool]:
+        app: str | None = None,
+    ) -> Route:
         """The Spaces this attempt may take, best first — up, breaker closed or ours to
-        probe, not tried, with the endpoint — and whether this request is the half-open
-        probe of the one Space returned then. A named Space, a pinned user's Space or a
-        probe is one Space; otherwise every replica that may serve it (late binding)."""
+        probe, not tried, with the endpoint (and of ``app`` when given: a session bound
+        to an app) — and whether this request is the half-open probe of the one Space
+        returned then. A named Space, a pinned user's Space or a probe is one Space;
+        otherwise every replica that may serve it (late binding)."""
         if space is not None:
             name, probing = await self._pick_named(space, tried, last)
-            return [name], probing
+            return Route([name], probing)
         board = self._board
         # AmbiguousEndpoint, before any slot (Spaces the pool paused are not woken for it)
         await self._apps.check(
             api_name, lambda n: board.get(n).admits() and not board.get(n).paused
         )
         self._check_endpoint(api_name)
-        user = self._apps.pin_key(user, api_name)  # a pin per app
+        key = self._apps.pin_key(user, api_name)  # a pin per app
+        pinned = await self._router.pinned(key) if key else None
+        within = None if app is None else set(self._apps.apps().get(app, ()))
         while True:
-            usable = self._usable(tried, api_name)
+            usable = [n for n in self._usable(tried, api_name) if within is None or n in within]
             if not usable:
                 detail = f"; last failure: {last.kind}" if last else ""
                 raise NoHealthySpaceError(
@@ -73,23 +98,61 @@ class Choice:
             # the pool paused itself only when nothing else can serve.
             preferred = [n for n in usable if not board.get(n).paused and n not in avoid]
             candidates = preferred or [n for n in usable if not board.get(n).paused] or usable
-            pinned = self._router.pinned(user) if user else None
             if pinned is not None and pinned not in usable and not board.get(pinned).admits():
                 emit(self._hooks, PoolEvent("failover", pinned, "breaker_open"))
             probes = [n for n in candidates if not board.get(n).admits()]
             if probes and not (pinned in candidates and board.get(pinned or "").admits()):
                 if await board.take_probe(probes[0]):
-                    return [probes[0]], True  # recovery needs a probe: this request is it
+                    return Route([probes[0]], True, key, pinned)  # recovery needs a probe
                 tried.append(probes[0])
                 continue
             closed = [n for n in candidates if board.get(n).admits()]
-            return self._router.order(user, closed, lambda n: self._spaces[n].load()), False
+            names = self._router.order(key, pinned, closed, lambda n: self._spaces[n].load())
+            return Route(names, False, key, pinned)
 
-    def assign(self, user: str, space: str) -> None:
-        """``user`` (a pin key) was admitted on ``space``: pinned there from now on."""
-        if self._router.pinned(user) != space:
-            self._router.repin(user, space)
+    async def claim(self, route: Route, space: str) -> str:
+        """``space`` admitted a call of ``route``'s user: pin the user there unless a
+        call of theirs was admitted elsewhere first (fleet-wide). Returns the pin."""
+        assert route.pin_key is not None
+        holder, made = await self._router.claim(route.pin_key, space, route.replacing)
+        if made:
             emit(self._hooks, PoolEvent("assignment", space))
+        return holder
+
+    async def app_for(self, api_name: str) -> str | None:
+        """The app a session that will call ``api_name`` is bound to (None: not known
+        yet, its first call decides); UnknownEndpoint / AmbiguousEndpoint as a call."""
+        board = self._board
+        app = await self._apps.app_for(
+            api_name, lambda n: board.get(n).admits() and not board.get(n).paused
+        )
+        if app is None:
+            self._check_endpoint(api_name)
+        return app
+
+    def check_session_call(self, space: str | None, app: str | None, api_name: str) -> None:
+        """UnknownEndpoint, naming the session's app and its endpoints, when a call of a
+        session pinned to ``space`` (or bound to ``app``) names an endpoint it lacks."""
+        if space is not None:
+            app = self._apps.app_of(space) or space
+            known = self._spaces[space].api_names
+            available = None if known is None else sorted(known)
+        elif app is not None:
+            available = self._apps.endpoints(app)
+        else:
+            return
+        if available is not None and api_name not in available:
+            raise UnknownEndpoint(api_name, available, where=f"the session's app {app!r} has")
+
+    def watch_pin(self, route: Route) -> AbstractAsyncContextManager[Changed]:
+        """Wake-ups for each change of ``route``'s user's pin, fleet-wide."""
+        assert route.pin_key is not None
+        return self._router.watch(route.pin_key)
+
+    async def pin_of(self, route: Route) -> str | None:
+        """``route``'s user's pin now (None: not pinned)."""
+        assert route.pin_key is not None
+        return await self._router.pinned(route.pin_key)
 
     def _usable(self, tried: list[str], api_name: str | None) -> list[str]:
         now = self._clock.wall()
@@ -101,13 +164,6 @@ class Choice:
             and sp.may_serve(api_name)
             and (self._board.get(n).admits() or self._board.get(n).probe_due(now))
         ]
-
-    def for_session(self, user: str | None) -> str:
-        """The Space a new session goes to: the user's pin, else round robin among the
-        Spaces up whose breaker admits work, least loaded first."""
-        usable = [n for n, sp in self._spaces.items()
-                  if sp.is_up() and self._board.get(n).admits()]  # fmt: skip
-        return self._router.candidates(user, usable, lambda n: self._spaces[n].load())[0]
 
     async def _pick_named(
         self, space: str, tried: list[str], last: PoolError | None
@@ -144,4 +200,4 @@ class Choice:
         return round(max(1.0, min(waits)), 1) if waits else 1.0
 
 
-__all__ = ["Choice"]
+__all__ = ["Choice", "Route"]

@@ -1,10 +1,23 @@
-"""Users → Spaces: sticky pins with a TTL, round-robin for new users, least-loaded
-for anonymous callers (SPEC 4.2).
+"""Users → Spaces: one pin per user and app, kept where the whole fleet sees it, with a
+TTL; round robin for new users, least loaded for anonymous callers (SPEC 4.2).
 
-A pin lasts ``ttl`` from the moment it is made and is *not* refreshed by use: a busy
-user is re-balanced at most once an hour, which keeps long-lived users from piling
-onto whichever Space they happened to get first. Only keyed hashes of emails reach
-this module.
+**Where a pin lives.** In the coordinator's shared values (``pin:<user key>``, the user
+key being :meth:`Apps.pin_key <pool.routing._apps.Apps.pin_key>`'s: a keyed hash, in its
+app when the pool has several), so that every worker and host of a fleet routes a user
+to the same Space — a pin kept in each process flipped between replicas (issue 37).
+
+**How a pin is made.** Never at routing: a user not pinned yet waits for every replica
+able to take it (late binding, pool/_attempt.py), and the first of its waiters to be
+admitted *claims* the pin (:meth:`Router.claim`, one compare-and-set): the Space that
+admitted it, unless another waiter of the user — in this process or another — claimed
+one first; that waiter then gives its grant back and keeps its place on the pinned
+Space. So a user's calls of one app never run on two replicas at once, and a pin is
+decided once.
+
+**How a pin moves.** Only by a failover (a claim that names the pin it replaces:
+that Space could not take the call) or by its expiry: a pin lasts ``ttl`` from the
+moment it is made and is *not* refreshed by use, so a busy user is re-balanced at most
+once an hour. Only keyed hashes of emails reach this module.
 """
 
 from __future__ import annotations
@@ -13,14 +26,19 @@ import hashlib
 import hmac
 import itertools
 from collections.abc import Callable, Sequence
+from contextlib import AbstractAsyncContextManager
 
 from cachetools import TTLCache
 
 from .._clock import SYSTEM_CLOCK
 from .._consumer import ANONYMOUS  # the user every caller without an email counts as
 from .._exceptions import NoHealthySpaceError
+from ..admission import SharedValues
+from ..admission._watch import Changed
 
-__all__ = ["ANONYMOUS", "Router", "user_key"]
+__all__ = ["ANONYMOUS", "PIN_PREFIX", "Router", "user_key"]
+
+PIN_PREFIX = "pin:"
 
 
 def user_key(secret: bytes, email: str) -> str:
@@ -30,64 +48,74 @@ def user_key(secret: bytes, email: str) -> str:
 
 
 class Router:
-    """Chooses the Space for a request and remembers user pins."""
+    """Orders the Spaces of a request and keeps the fleet's user pins."""
 
     def __init__(
         self,
         *,
         ttl_s: float,
+        values: Callable[[], SharedValues],
         max_users: int = 100_000,
         clock: Callable[[], float] = SYSTEM_CLOCK.now,
     ) -> None:
-        self._pins: TTLCache[str, str] = TTLCache(maxsize=max_users, ttl=ttl_s, timer=clock)
+        """``values``: the coordinator's shared values (once started)."""
+        self._ttl_s = ttl_s
+        self._values = values
+        # The pins this process read or made, for pool-stats' count of pinned users
+        # (the fleet's count is the sum of the processes' published counts, at most).
+        self._seen: TTLCache[str, str] = TTLCache(maxsize=max_users, ttl=ttl_s, timer=clock)
         self._rr = itertools.count()
 
     @property
     def assignments(self) -> int:
-        self._pins.expire()
-        return len(self._pins)
+        self._seen.expire()
+        return len(self._seen)
 
-    def pinned(self, user: str) -> str | None:
-        return self._pins.get(user)
+    async def pinned(self, user: str) -> str | None:
+        """The Space ``user`` (a pin key) is pinned to, fleet-wide; None: not pinned."""
+        space = await self._values().get(PIN_PREFIX + user)
+        if space is not None and self._seen.get(user) != space:
+            self._seen[user] = space
+        return space
 
-    def candidates(
+    async def claim(self, user: str, space: str, replacing: str | None = None) -> tuple[str, bool]:
+        """Pin ``user`` to ``space``, which just admitted one of its calls, unless it is
+        pinned elsewhere already; a pin equal to ``replacing`` (the Space the call
+        failed over from) is replaced. Returns the pin as stored afterwards and whether
+        this call made it."""
+
+        wrote = False
+
+        def pin(current: str | None) -> str | None:
+            nonlocal wrote  # the last run is the one stored (a lost race runs it again)
+            wrote = current is None or (current == replacing and current != space)
+            return space if wrote else None
+
+        stored = await self._values().update(PIN_PREFIX + user, pin, self._ttl_s)
+        holder = space if stored is None else stored  # None only when the store lost it
+        self._seen[user] = holder
+        return holder, wrote and holder == space
+
+    def watch(self, user: str) -> AbstractAsyncContextManager[Changed]:
+        """Wake-ups for each change of ``user``'s pin, by any process of the fleet."""
+        return self._values().watch(PIN_PREFIX + user)
+
+    def order(
         self,
         user: str | None,
+        pinned: str | None,
         healthy: Sequence[str],
         load: Callable[[str], float],
     ) -> list[str]:
-        """Spaces to try, best first: pin / round-robin / least-loaded, then the rest."""
-        if not healthy:
-            raise NoHealthySpaceError("no healthy Space is available", retry_after_s=1.0)
-        by_load = sorted(healthy, key=load)
-        if user is None:
-            return by_load
-        pinned = self._pins.get(user)
-        if pinned is not None and pinned in healthy:
-            first = pinned
-        else:
-            first = healthy[next(self._rr) % len(healthy)]
-            self._pins[user] = first
-        return [first, *(s for s in by_load if s != first)]
-
-    def order(
-        self, user: str | None, healthy: Sequence[str], load: Callable[[str], float]
-    ) -> list[str]:
         """The Spaces a waiter may take, best first, pinning nobody (issue 31): the
-        user's pin alone; a new user's round-robin turn first, then the rest in turn;
-        an anonymous caller's least loaded first. A new user is pinned where it is
-        admitted (:meth:`repin`), among the replicas able to start it then."""
+        user's pin alone (``pinned``, when it is among ``healthy``); a new user's round
+        robin turn first, then the rest in turn; an anonymous caller's least loaded
+        first. A new user is pinned where it is admitted (:meth:`claim`)."""
         if not healthy:
             raise NoHealthySpaceError("no healthy Space is available", retry_after_s=1.0)
         if user is None:
             return sorted(healthy, key=load)
-        pinned = self._pins.get(user)
         if pinned is not None and pinned in healthy:
             return [pinned]
         start = next(self._rr) % len(healthy)
         return [*healthy[start:], *healthy[:start]]
-
-    def repin(self, user: str, space: str) -> None:
-        """Record that ``user`` was served by ``space`` after a failover."""
-        if self._pins.get(user) != space:
-            self._pins[user] = space

@@ -25,7 +25,7 @@ async def test_calls_go_only_to_spaces_that_have_their_endpoint(
     try:
         await pool.start()
         pinned = "pinned@example.com"
-        pool.router._pins[pool.hash_user(pinned) or ""] = "alpha"
+        await pool.router.claim(pool.hash_user(pinned) or "", "alpha")
         first = await pool.predict("/stream", "s", 2, 0.0, email=pinned)
         assert first.space == "streamer" and first.result["text"] == "s0 s1"
         for i in range(4):

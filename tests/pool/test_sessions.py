@@ -35,7 +35,7 @@ async def test_a_session_keeps_the_chat_history_and_two_sessions_stay_apart(pool
     messages only; between turns nothing is in use; a call without a session has none."""
     a = await pool.open_session("ann@example.com")
     b = await pool.open_session(None)
-    assert a.space == b.space == "talk" and a.id != b.id
+    assert a.space == b.space == "" and a.id != b.id, "unpinned until the first call"
     for turn in ("one", "two", "three"):
         for who, session in (("a", a), ("b", b)):
             done = await pool.predict("/chat", f"{who}-{turn}",
@@ -45,6 +45,7 @@ async def test_a_session_keeps_the_chat_history_and_two_sessions_stay_apart(pool
         stats = await pool.stats()
         assert stats["inUseConnections"] == 0 and stats["admission"]["globalInUse"] == 0
     assert done.result.endswith("earlier: b-one | b-two")
+    assert (await pool.get_session(a, "ann@example.com")).space == "talk", "pinned by a call"
     last_a = await pool.predict("/chat", "a-four", email="ann@example.com", session=a.id)
     assert last_a.result.endswith("earlier: a-one | a-two | a-three")
     plain = await pool.predict("/chat", "alone")

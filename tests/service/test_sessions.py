@@ -78,7 +78,7 @@ async def test_two_interleaved_conversations_across_two_workers(
                   for body in ({"email": "ann@example.com"}, {})]  # fmt: skip
     assert all(r.status_code == 201 for r in opened), [r.text for r in opened]
     ann, anon = (r.json()["session"] for r in opened)
-    assert {r.json()["space"] for r in opened} == {"talk"}
+    assert {r.json()["space"] for r in opened} == {None}, "unpinned until the first call"
     assert all(r.json()["expires_at"].endswith("Z") for r in opened)
     ann_says = {"email": "ann@example.com"}
     assert (await turn(a, ann, "a1", **ann_says)).endswith("earlier: (nothing)")
@@ -94,6 +94,7 @@ async def test_two_interleaved_conversations_across_two_workers(
     async with b.client() as http:
         seen = await http.get(f"/api/sessions/{ann}", params={"email": "ann@example.com"})
         assert seen.status_code == 200 and seen.json()["session"] == ann
+        assert seen.json()["space"] == "talk", "pinned by its first call"
         theirs = await http.get(f"/api/sessions/{ann}")  # without the owner's email
         assert theirs.status_code == 404 and theirs.json()["error"] == "session_not_found"
 
