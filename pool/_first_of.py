@@ -82,9 +82,9 @@ class FirstOf:
         """Wait for a grant (or a change of the pin); the Space won, else None."""
         watcher = None if changed is None else asyncio.ensure_future(changed.wait())
         try:
-            pending: list[asyncio.Future[Any]] = [w for w in self._waits.values() if not w.done()]
+            waits: list[asyncio.Future[Any]] = list(self._waits.values())  # done: at once
             await asyncio.wait(
-                [*pending, *([watcher] if watcher else [])], return_when=asyncio.FIRST_COMPLETED
+                [*waits, *([watcher] if watcher else [])], return_when=asyncio.FIRST_COMPLETED
             )
             await asyncio.sleep(0)  # the grants of the same hand-off
         finally:

@@ -22,11 +22,13 @@ once an hour. Only keyed hashes of emails reach this module.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import functools
 import hashlib
 import hmac
 import itertools
-from collections.abc import Callable, Sequence
-from contextlib import AbstractAsyncContextManager
+from collections.abc import AsyncIterator, Callable, Sequence
 
 from cachetools import TTLCache
 
@@ -65,6 +67,8 @@ class Router:
         # (the fleet's count is the sum of the processes' published counts, at most).
         self._seen: TTLCache[str, str] = TTLCache(maxsize=max_users, ttl=ttl_s, timer=clock)
         self._rr = itertools.count()
+        self._reading: dict[str, asyncio.Future[str | None]] = {}  # pin reads in flight
+        self._watching: dict[str, set[Changed]] = {}  # this process's pin watchers
 
     @property
     def assignments(self) -> int:
@@ -72,11 +76,25 @@ class Router:
         return len(self._seen)
 
     async def pinned(self, user: str) -> str | None:
-        """The Space ``user`` (a pin key) is pinned to, fleet-wide; None: not pinned."""
-        space = await self._values().get(PIN_PREFIX + user)
+        """The Space ``user`` (a pin key) is pinned to, fleet-wide; None: not pinned.
+
+        Calls of one user reading at once share one read, and resume in the order they
+        asked: a user's calls reach the admission queue in the order they were made
+        (separate reads come back in any order)."""
+        reading = self._reading.get(user)
+        if reading is None:
+            reading = asyncio.ensure_future(self._values().get(PIN_PREFIX + user))
+            self._reading[user] = reading
+            reading.add_done_callback(functools.partial(self._read, user))
+        return await asyncio.shield(reading)
+
+    def _read(self, user: str, reading: asyncio.Future[str | None]) -> None:
+        self._reading.pop(user, None)
+        if reading.cancelled() or reading.exception() is not None:
+            return  # every caller sees it (or none is left to)
+        space = reading.result()
         if space is not None and self._seen.get(user) != space:
             self._seen[user] = space
-        return space
 
     async def claim(self, user: str, space: str, replacing: str | None = None) -> tuple[str, bool]:
         """Pin ``user`` to ``space``, which just admitted one of its calls, unless it is
@@ -94,11 +112,23 @@ class Router:
         stored = await self._values().update(PIN_PREFIX + user, pin, self._ttl_s)
         holder = space if stored is None else stored  # None only when the store lost it
         self._seen[user] = holder
+        for changed in self._watching.get(user, ()):
+            changed.set()
         return holder, wrote and holder == space
 
-    def watch(self, user: str) -> AbstractAsyncContextManager[Changed]:
-        """Wake-ups for each change of ``user``'s pin, by any process of the fleet."""
-        return self._values().watch(PIN_PREFIX + user)
+    @contextlib.asynccontextmanager
+    async def watch(self, user: str) -> AsyncIterator[Changed]:
+        """Wake-ups for each change of ``user``'s pin, by any process of the fleet, and
+        at once for a claim made in this process (not a store's round trip later)."""
+        async with self._values().watch(PIN_PREFIX + user) as changed:
+            here = self._watching.setdefault(user, set())
+            here.add(changed)
+            try:
+                yield changed
+            finally:
+                here.discard(changed)
+                if not here:
+                    self._watching.pop(user, None)
 
     def order(
         self,
