@@ -93,7 +93,7 @@ def image_blocks(meter: _Meter, concurrency_limit: int, max_size: int | None) ->
             await asyncio.sleep(max(0.0, float(delay_s or 0)))
             return f"{name}:{text}"
         finally:
-            meter.leave(started)
+            meter.leave(started, text)  # recorded like the echo kind's (calls())
 
     with gr.Blocks(title=f"stand-in image Space {name}") as demo:
         image_in = gr.Image(type="pil", label="image")
