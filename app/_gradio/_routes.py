@@ -50,7 +50,14 @@ from ._front_sessions import (
     NotYours,
 )
 from ._rewrite import rewriter
-from ._space_view import file_headers, front_config, open_file, served, transport_of
+from ._space_view import (
+    SeveralApps,
+    file_headers,
+    front_config,
+    open_file,
+    served,
+    transport_of,
+)
 
 USER_HEADER = "x-spacepool-user"
 # The heartbeat's cadence until the Space's own is known (it is measured on the Space's
@@ -417,6 +424,11 @@ def _answering(endpoint: Endpoint, *, checked: bool = True) -> Endpoint:
                                 status_code=503, headers={"Retry-After": retry})  # fmt: skip
         except NotYours:
             return JSONResponse({"detail": "Session not found."}, status_code=404)
+        except SeveralApps as exc:
+            apps = [{"app": app, "spaces": names, "urls": [f"/gradio/{n}/" for n in names]}
+                    for app, names in exc.apps.items()]  # fmt: skip
+            return JSONResponse({"detail": str(exc), "error": "several_apps", "apps": apps},
+                                status_code=409)  # fmt: skip
         except httpx.HTTPError as exc:
             detail = f"the Space failed ({type(exc).__name__})"
             return JSONResponse({"detail": detail}, status_code=502)

@@ -47,12 +47,33 @@ async def transport_of(pool: Pool, name: str) -> tuple[SpaceTransport, AppInfo]:
             sp.checkin(leased, discard=False)
 
 
+class SeveralApps(Exception):
+    """The pool's scope (``/gradio/``) over Spaces of different apps: no one config is
+    theirs; each app is served under ``/gradio/{alias}/``."""
+
+    def __init__(self, apps: dict[str, list[str]]) -> None:
+        listing = "; ".join(
+            f"{app}: " + ", ".join(f"/gradio/{name}/" for name in names)
+            for app, names in apps.items()
+        )
+        super().__init__(
+            f"this service's Spaces are {len(apps)} different apps, so /gradio/ serves none"
+            f" of them: use an app's own URL ({listing})"
+        )
+        self.apps = apps
+
+
 async def served(pool: Pool, scope: str | None) -> tuple[str, SpaceTransport, AppInfo]:
     """The Space whose config a scope serves: the alias, or for the pool the first
-    configured Space that answers (the pool's Spaces are replicas of one app)."""
+    configured Space that answers when the pool's Spaces are replicas of one app
+    (:class:`SeveralApps` otherwise)."""
     if scope is not None:
         return (scope, *await transport_of(pool, scope))
     await pool.start()
+    if len(pool.spaces) > 1:
+        await pool.apps.discover(lambda name: True)  # each Space's API, once
+        if len(apps := pool.apps.apps()) > 1:
+            raise SeveralApps(apps)
     last: Exception | None = None
     for name, sp in pool.spaces.items():
         if not sp.is_up():

@@ -160,3 +160,24 @@ async def test_library_sessions_without_a_space_continue_on_the_chat_app(
             await pool.predict("/echo", "x", 0, session=bound)
     finally:
         await pool.aclose()
+
+
+async def test_the_pools_front_scope_over_different_apps_names_each_apps_url(
+    services: tuple[ServiceProcess, ServiceProcess],
+) -> None:
+    """/gradio/ over three apps answers 409 several_apps listing each app with its
+    /gradio/{alias}/ URLs (not the first Space's config); /gradio/alpha/ serves alpha."""
+    async with services[0].client() as http:
+        pooled = await http.get("/gradio/config")
+        joined = await http.post("/gradio/gradio_api/queue/join", json={
+            "data": ["x", 0], "fn_index": 0, "session_hash": "abcdefgh12345678"})  # fmt: skip
+        alias = await http.get("/gradio/alpha/config")
+    assert pooled.status_code == 409, pooled.text
+    body = pooled.json()
+    assert body["error"] == "several_apps" and "/gradio/chat/" in body["detail"]
+    assert {a["app"]: a["urls"] for a in body["apps"]} == {
+        "alpha": ["/gradio/alpha/", "/gradio/alpha2/"], "chat": ["/gradio/chat/"],
+        "pic": ["/gradio/pic/"],
+    }  # fmt: skip
+    assert joined.status_code == 409 and joined.json()["error"] == "several_apps"
+    assert alias.status_code == 200 and alias.json()["root"].endswith("/gradio/alpha")
