@@ -130,7 +130,7 @@ QUICK = Plan(
     store_rounds=1, store_seconds=0.3,
     sat_callers=36, sat_cap=12, sat_service_s=0.5, sat_rounds=1, sat_raw_calls=1,
     rss_per_space=8, rss_rounds=1, rss_with_raw=False,
-    transport="quick",
+    transport="smoke",  # the CI smoke: every transport figure, tiny sizes
     rep_rounds=1, rep_service_s=0.5, mix_seconds=3.0,
     lim_rounds=1, lim_seconds=2.0, lim_latency_calls=10,
 )  # fmt: skip
