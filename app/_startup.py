@@ -22,9 +22,10 @@ from __future__ import annotations
 import asyncio
 import difflib
 import logging
+import re
 from collections.abc import Mapping
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import urlsplit
 
 import httpx
 from pydantic import ValidationError
@@ -52,17 +53,9 @@ def known_names() -> frozenset[str]:
 
 
 def hide_password(url: str) -> str:
-    """``url`` with the password of its user part replaced by ``***``."""
-    try:
-        parts = urlsplit(url)
-        if parts.password is None:
-            return url
-        host = parts.hostname or ""
-        port = f":{parts.port}" if parts.port else ""
-        user = f"{parts.username}:***@" if parts.username else ":***@"
-        return urlunsplit(parts._replace(netloc=f"{user}{host}{port}"))
-    except ValueError:
-        return "(a URL that does not parse)"
+    """``url`` with the password of its user part (``//user:password@``) as ``***``,
+    whether or not the rest of it parses."""
+    return re.sub(r"(//[^/@:]*:)[^/@]*@", r"\1***@", url)
 
 
 def check_environment(environ: Mapping[str, str]) -> tuple[list[str], list[str]]:
@@ -178,8 +171,9 @@ async def coordinator_problem(url: str) -> str | None:
 
 
 async def probe_spaces(pool: Pool) -> dict[str, str]:
-    """Ask each configured Space with a URL once (its cheap ``app_id`` route); log each
-    that does not answer, by name. Answers {name: why} of those."""
+    """Ask each configured Space with a URL once (Gradio's cheap ``gradio_api/app_id``
+    route; any answer below 500 is an answer); log each that does not answer, by name
+    (never its URL: it may carry a secret). Answers {name: why} of those."""
     down: dict[str, str] = {}
     async with httpx.AsyncClient(timeout=_PROBE_S, follow_redirects=False) as http:
 
@@ -193,8 +187,8 @@ async def probe_spaces(pool: Pool) -> dict[str, str]:
                 down[name] = f"HTTP {answer.status_code}"
 
         await asyncio.gather(*(
-            probe(name, sp.probe_url) for name, sp in pool.spaces.items()
-            if sp.probe_url is not None
+            probe(name, sp.spec.src + "gradio_api/app_id") for name, sp in pool.spaces.items()
+            if sp.spec.src.startswith(("http://", "https://"))
         ))  # fmt: skip
     for name, why in sorted(down.items()):
         _log.warning("Space %s does not answer at start (%s): calls go to the other Spaces"

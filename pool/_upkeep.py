@@ -49,6 +49,14 @@ class Upkeep:
         self.warmth = Warmth(settings.warm_window_s, clock)
         self.last_health_check: datetime | None = None
 
+    @property
+    def next_health_check(self) -> datetime | None:
+        """When the next health round is due (None before the pool started)."""
+        if self._task is None:
+            return None
+        due_in = self._settings.health_interval_s - (self._clock.now() - self._last_round_at)
+        return datetime.fromtimestamp(self._clock.wall() + max(0.0, due_in), UTC)
+
     def start(self, shared: Shared, http: httpx.AsyncClient) -> None:
         if self._settings.warmup:
             Warmth.warm_up(self._spaces)
