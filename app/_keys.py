@@ -7,8 +7,9 @@ manages keys over ``/api/admin/keys``; the secret is shown once, at creation.
 
 **Stored hashed, in the coordinator.** Each key is one shared value
 ``apikey:<id>`` (its SHA-256, never the secret; a key is 32 random bytes, so a plain
-hash cannot be reversed by guessing) that lives until it is deleted. A revoked key
-stays, marked ``revoked_at``: listed as revoked, found by no lookup.
+hash cannot be reversed by guessing) that lives until it is deleted. A revoked key's
+``apikey:<id>`` is deleted (every reader refuses it) and its record, marked
+``revoked_at``, kept as ``revokedkey:<id>``: listed as revoked, found by no lookup.
 
 **Every worker, within a second.** Each process keeps every key in memory (a lookup
 costs no store round trip) and reloads them all when ``apikeys:rev`` is written: the
@@ -46,6 +47,7 @@ KEY_PREFIX = "sp_"
 """Every key starts with it (a presented bearer token that does is never the API token)."""
 NAME_PATTERN = r"^[A-Za-z0-9][\w.@-]{0,63}$"  # no CSV formula, no markup
 _NS = "apikey:"
+_REVOKED = "revokedkey:"  # a revoked key's record, kept apart: readers of apikey: never see it
 _REV = "apikeys:rev"
 _FOREVER_S = 100 * 365 * 86400.0  # shared values expire; a key lives until deleted
 _RELOAD_S = 10.0
@@ -145,6 +147,10 @@ class Keys:
             rev = await self._values().get(_REV)  # before the scan: a later write reloads
             found = await self._values().scan(_NS)
             records = [KeyRecord.model_validate_json(v) for v in found.values()]
+            revoked = await self._values().scan(_REVOKED)
+            records += [KeyRecord.model_validate_json(v) for v in revoked.values()]
+            records = [r for r in records if r.revoked_at is not None or _REVOKED + r.id
+                       not in revoked]  # fmt: skip
             self._by_id = {r.id: r for r in records}
             self._by_hash = {r.hash: r for r in records if r.revoked_at is None}
             self._loaded_at = time.monotonic()
@@ -221,7 +227,8 @@ class Keys:
         if record is None:
             raise KeyNotFound(f"no live key {key_id[:32]!r}")
         revoked = record.model_copy(update={"revoked_at": iso_utc(time.time())})
-        await self._values().put(_NS + key_id, revoked.model_dump_json(), _FOREVER_S)
+        await self._values().put(_REVOKED + key_id, revoked.model_dump_json(), _FOREVER_S)
+        await self._values().delete(_NS + key_id)  # refused by every reader, old ones too
         await self._signal()
 
     async def _write(self, record: KeyRecord) -> None:
