@@ -6,11 +6,14 @@
   :data:`DEMO_SPACES`; needs the ``demo`` extra and the checkout as the working
   directory) are started first and ``POOL_SPACES`` points at them: ``alpha`` echoes
   text, ``chat`` streams a chat reply token by token (``gr.ChatInterface``), ``pic``
-  exchanges files (``/flip`` an image, ``/report`` a text file). Every one has
-  ``/echo``; a call without ``"space"`` goes to the Spaces that have its endpoint.
+  exchanges files (``/flip`` an image, ``/report`` a text file). ``alpha`` and ``pic``
+  have ``/echo(text, delay_s)`` (slow with a delay: the queue's demo); a call without
+  ``"space"`` goes to the Spaces that have its endpoint (README: the demo's endpoints).
 * ``POOL_ADMIN_TOKEN`` unset: a random one is generated and printed once, here — the
   operator's own terminal is the one place a token may be shown.
 * ``POOL_COORDINATOR_URL`` unset: ``memory://`` (this command runs one process).
+* The settings are checked first (app/_startup.py): a malformed one is a line on stderr
+  and exit 2, a Redis store that does not answer a line and exit 1, before the banner.
 
 Prints the URL and ready-to-paste curl commands, serves until Ctrl-C, then stops the
 demo Spaces.
