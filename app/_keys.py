@@ -187,6 +187,13 @@ class Keys:
             found = self._by_hash.get(digest)
         return found
 
+    def revoked(self, secret: str) -> KeyRecord | None:
+        """The revoked key whose secret is ``secret``, if this copy knows one: for a
+        refusal that says "revoked" rather than "wrong token" (no reload on a miss)."""
+        digest = key_hash(secret)
+        return next((r for r in self._by_id.values()
+                     if r.revoked_at is not None and r.hash == digest), None)  # fmt: skip
+
     def all(self) -> list[KeyRecord]:
         """Every key, the revoked ones included (marked), oldest first."""
         return sorted(self._by_id.values(), key=lambda r: r.created_at)
