@@ -38,10 +38,12 @@ import asyncio
 import contextlib
 import logging
 import os
+import sys
 from collections.abc import AsyncIterator
 from importlib import metadata
 
 from fastapi import FastAPI
+from pydantic import ValidationError
 
 from pool import Pool, get_pool
 from pool._tasks import cancel_and_wait
@@ -107,6 +109,8 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
     except Exception as exc:
         down = await _startup.coordinator_problem(os.environ.get("POOL_COORDINATOR_URL", ""))
         _log.error(down or f"cannot start the pool ({type(exc).__name__}): {exc}")
+        if down is not None:  # a configuration problem, not a busy service: say only that
+            raise RuntimeError(down) from None
         raise
     pool.hooks.append(on_pool_event)
     activity = Activity()
@@ -216,9 +220,21 @@ def _version() -> str:
         return "0"
 
 
+def _settings_or_exit() -> ServiceSettings:
+    """The service's settings from the environment; malformed, one line each on stderr
+    and exit 2 (``uvicorn app.main:app`` imports this module: no traceback for a typo)."""
+    try:
+        return ServiceSettings()
+    except ValidationError:
+        problems, _ = _startup.check_environment(os.environ)
+        for line in problems or ["the POOL_* settings are malformed"]:
+            print(f"spacepool: error: {line}", file=sys.stderr, flush=True)
+        raise SystemExit(2) from None
+
+
 def create_app(settings: ServiceSettings | None = None) -> FastAPI:
     """A new application; ``settings`` default to the ``POOL_*`` environment."""
-    settings = settings or ServiceSettings()
+    settings = settings or _settings_or_exit()
     app = FastAPI(
         title="spacepool",
         version=_version(),
