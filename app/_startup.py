@@ -116,9 +116,9 @@ def _validated(
         for error in exc.errors():
             field = str(error["loc"][0]) if error["loc"] else ""
             shown = "" if field in _SECRET else f"={str(error.get('input', ''))!r}"
-            setting = f"POOL_{field.upper()}" if field else model.__name__
             message = str(error["msg"]).replace("Value error, ", "")
-            out.append(f"{setting}{shown}: {message}")
+            # A rule across fields (min over max) names its settings in its message.
+            out.append(f"POOL_{field.upper()}{shown}: {message}" if field else message)
         return None
 
 
