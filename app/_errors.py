@@ -294,8 +294,13 @@ def install(app: FastAPI) -> None:
             # The Gradio front's form (app/_gradio/_routes.py ``_error``): ``detail`` is
             # what @gradio/client shows of a refused request (a quota, a key, busy).
             message = str(problem.body.get("message") or problem.body.get("error") or "error")
-            busy = problem.status == 503
-            body = {"detail": f"Queue is full. {message}" if busy else message, **body}
+            detail: str | list[dict[str, Any]] = message
+            if problem.status == 503:
+                detail = f"Queue is full. {message}"
+            elif problem.status == 422:  # Gradio's validator list: gradio_client reads it
+                detail = [{"__type__": "validate", "is_valid": False,
+                           "parameter_name": "data", "message": message}]  # fmt: skip
+            body = {"detail": detail, **body}
         headers = problem.headers
         if problem.status == 405:
             headers = {**headers, "Allow": _allowed(request)}
