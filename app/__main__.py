@@ -3,14 +3,17 @@
     python -m app [--host 127.0.0.1] [--port 7860]      (PORT in the environment also works)
 
 * ``POOL_SPACES`` unset: three local stand-in Spaces of three kinds (real Gradio apps,
-  :data:`DEMO_SPACES`; needs the ``test`` extra and the checkout as the working
+  :data:`DEMO_SPACES`; needs the ``demo`` extra and the checkout as the working
   directory) are started first and ``POOL_SPACES`` points at them: ``alpha`` echoes
   text, ``chat`` streams a chat reply token by token (``gr.ChatInterface``), ``pic``
-  exchanges files (``/flip`` an image, ``/report`` a text file). Every one has
-  ``/echo``; a call without ``"space"`` goes to the Spaces that have its endpoint.
+  exchanges files (``/flip`` an image, ``/report`` a text file). ``alpha`` and ``pic``
+  have ``/echo(text, delay_s)`` (slow with a delay: the queue's demo); a call without
+  ``"space"`` goes to the Spaces that have its endpoint (README: the demo's endpoints).
 * ``POOL_ADMIN_TOKEN`` unset: a random one is generated and printed once, here — the
   operator's own terminal is the one place a token may be shown.
 * ``POOL_COORDINATOR_URL`` unset: ``memory://`` (this command runs one process).
+* The settings are checked first (app/_startup.py): a malformed one is a line on stderr
+  and exit 2, a Redis store that does not answer a line and exit 1, before the banner.
 
 Prints the URL and ready-to-paste curl commands, serves until Ctrl-C, then stops the
 demo Spaces.
@@ -19,6 +22,7 @@ demo Spaces.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import contextlib
 import os
 import secrets
@@ -28,6 +32,8 @@ from collections.abc import Iterator, Sequence
 from types import FrameType
 
 import uvicorn
+
+from app import _startup
 
 DEMO_SPACES = {"alpha": "echo", "chat": "chat", "pic": "image"}  # name -> stand-in kind
 
@@ -44,7 +50,7 @@ def _demo_spaces() -> Iterator[None]:
     except ImportError as exc:
         raise SystemExit(
             "POOL_SPACES is not set and the demo Spaces cannot start "
-            f"({exc}); run from the checkout with the test extra installed, "
+            f"({exc}); run from the checkout with the demo extra installed (scripts/run does it), "
             "or set POOL_SPACES"
         ) from exc
     shown = ", ".join(f"{name} ({kind})" for name, kind in DEMO_SPACES.items())
@@ -116,6 +122,25 @@ def _banner(url: str, generated_token: str | None, *, demo: bool) -> str:
     return "\n".join(lines)
 
 
+def _check_settings() -> int:
+    """The settings checked before the banner (app/_startup.py): each problem and warning
+    on one line of stderr; 2 for a malformed setting, 1 for a store that does not answer,
+    else 0."""
+    problems, warnings = _startup.check_environment(os.environ)
+    for line in warnings:
+        print(f"spacepool: warning: {line}", file=sys.stderr, flush=True)
+    for line in problems:
+        print(f"spacepool: error: {line}", file=sys.stderr, flush=True)
+    _startup.CHECKED = True  # the lifespan, in this process, does not repeat them
+    if problems:
+        return 2
+    down = asyncio.run(_startup.coordinator_problem(os.environ["POOL_COORDINATOR_URL"]))
+    if down is not None:
+        print(f"spacepool: error: {down}", file=sys.stderr, flush=True)
+        return 1
+    return 0
+
+
 def _stop(signum: int, frame: FrameType | None) -> None:
     raise KeyboardInterrupt
 
@@ -126,6 +151,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--port", type=int, default=int(os.environ.get("PORT", "7860")))
     args = parser.parse_args(argv)
     os.environ.setdefault("POOL_COORDINATOR_URL", "memory://")
+    failed = _check_settings()
+    if failed:
+        return failed
     generated = _admin_token()
     url = f"http://{args.host}:{args.port}"
     demo = not os.environ.get("POOL_SPACES", "").strip()

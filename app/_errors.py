@@ -271,6 +271,12 @@ def _allowed(request: Request) -> str:
     return ", ".join(sorted(methods))
 
 
+def _front(path: str) -> bool:
+    """A request to the Gradio front (``/gradio/...``), refused before its route ran
+    (its bearer token or API key, a key's quota, a body too large)."""
+    return path == "/gradio" or path.startswith("/gradio/")
+
+
 def install(app: FastAPI) -> None:
     """Register the handlers: one function for every exception class we answer."""
 
@@ -284,6 +290,17 @@ def install(app: FastAPI) -> None:
                 extra={"request_id": ctx.request_id},
             )  # fmt: skip
         body = {**problem.body, "request_id": ctx.request_id}
+        if _front(request.url.path):
+            # The Gradio front's form (app/_gradio/_routes.py ``_error``): ``detail`` is
+            # what @gradio/client shows of a refused request (a quota, a key, busy).
+            message = str(problem.body.get("message") or problem.body.get("error") or "error")
+            detail: str | list[dict[str, Any]] = message
+            if problem.status == 503:
+                detail = f"Queue is full. {message}"
+            elif problem.status == 422:  # Gradio's validator list: gradio_client reads it
+                detail = [{"__type__": "validate", "is_valid": False,
+                           "parameter_name": "data", "message": message}]  # fmt: skip
+            body = {"detail": detail, **body}
         headers = problem.headers
         if problem.status == 405:
             headers = {**headers, "Allow": _allowed(request)}

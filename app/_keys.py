@@ -7,7 +7,9 @@ manages keys over ``/api/admin/keys``; the secret is shown once, at creation.
 
 **Stored hashed, in the coordinator.** Each key is one shared value
 ``apikey:<id>`` (its SHA-256, never the secret; a key is 32 random bytes, so a plain
-hash cannot be reversed by guessing) that lives until it is deleted.
+hash cannot be reversed by guessing) that lives until it is deleted. A revoked key's
+``apikey:<id>`` is deleted (every reader refuses it) and its record, marked
+``revoked_at``, kept as ``revokedkey:<id>``: listed as revoked, found by no lookup.
 
 **Every worker, within a second.** Each process keeps every key in memory (a lookup
 costs no store round trip) and reloads them all when ``apikeys:rev`` is written: the
@@ -28,6 +30,7 @@ import logging
 import secrets
 import time
 from collections.abc import Callable
+from datetime import UTC, datetime
 from typing import Any, Literal
 
 from pydantic import BaseModel, Field
@@ -44,6 +47,7 @@ KEY_PREFIX = "sp_"
 """Every key starts with it (a presented bearer token that does is never the API token)."""
 NAME_PATTERN = r"^[A-Za-z0-9][\w.@-]{0,63}$"  # no CSV formula, no markup
 _NS = "apikey:"
+_REVOKED = "revokedkey:"  # a revoked key's record, kept apart: readers of apikey: never see it
 _REV = "apikeys:rev"
 _FOREVER_S = 100 * 365 * 86400.0  # shared values expire; a key lives until deleted
 _RELOAD_S = 10.0
@@ -81,15 +85,25 @@ class KeyRecord(BaseModel):
     priority: Priority | None = None
     daily_calls: int | None = None
     daily_space_seconds: float | None = None
-    created_at: float
+    created_at: float  # Unix seconds (kept as it was; "created" is its ISO 8601 form)
+    revoked_at: str | None = None  # ISO 8601 (UTC) once revoked: kept, marked, refused
 
     def view(self) -> dict[str, Any]:
-        """What the admin API shows (no hash)."""
-        return self.model_dump(exclude={"hash"})
+        """What the admin API shows (no hash): ``created`` (ISO 8601) beside the Unix
+        ``created_at``; ``revoked`` and ``revoked_at`` (ISO 8601, or null)."""
+        shown = self.model_dump(exclude={"hash"})
+        shown["created"] = iso_utc(self.created_at)
+        shown["revoked"] = self.revoked_at is not None
+        return shown
 
     def consumer(self) -> Consumer:
         """The key as the pool's consumer (pool/_consumer.py)."""
         return Consumer(self.name, self.id, self.priority)
+
+
+def iso_utc(epoch: float) -> str:
+    """``2026-01-02T03:04:05Z``: the form of every time the service shows."""
+    return datetime.fromtimestamp(epoch, UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
 
 
 def key_hash(secret: str) -> str:
@@ -133,8 +147,12 @@ class Keys:
             rev = await self._values().get(_REV)  # before the scan: a later write reloads
             found = await self._values().scan(_NS)
             records = [KeyRecord.model_validate_json(v) for v in found.values()]
+            revoked = await self._values().scan(_REVOKED)
+            records += [KeyRecord.model_validate_json(v) for v in revoked.values()]
+            records = [r for r in records if r.revoked_at is not None or _REVOKED + r.id
+                       not in revoked]  # fmt: skip
             self._by_id = {r.id: r for r in records}
-            self._by_hash = {r.hash: r for r in records}
+            self._by_hash = {r.hash: r for r in records if r.revoked_at is None}
             self._loaded_at = time.monotonic()
             self._rev = rev
 
@@ -169,11 +187,21 @@ class Keys:
             found = self._by_hash.get(digest)
         return found
 
+    def revoked(self, secret: str) -> KeyRecord | None:
+        """The revoked key whose secret is ``secret``, if this copy knows one: for a
+        refusal that says "revoked" rather than "wrong token" (no reload on a miss)."""
+        digest = key_hash(secret)
+        return next((r for r in self._by_id.values()
+                     if r.revoked_at is not None and r.hash == digest), None)  # fmt: skip
+
     def all(self) -> list[KeyRecord]:
+        """Every key, the revoked ones included (marked), oldest first."""
         return sorted(self._by_id.values(), key=lambda r: r.created_at)
 
     def get(self, key_id: str) -> KeyRecord | None:
-        return self._by_id.get(key_id)
+        """The live key of that id (a revoked one is None)."""
+        found = self._by_id.get(key_id)
+        return found if found is not None and found.revoked_at is None else None
 
     # -- the admin's changes ---------------------------------------------------------
     async def create(self, body: KeyCreate) -> tuple[KeyRecord, str]:
@@ -187,9 +215,9 @@ class Keys:
 
     async def change(self, key_id: str, body: KeyChange) -> KeyRecord:
         await self.reload()
-        record = self._by_id.get(key_id)
+        record = self.get(key_id)
         if record is None:
-            raise KeyNotFound(f"no key {key_id[:32]!r}")
+            raise KeyNotFound(f"no live key {key_id[:32]!r}")
         update = body.model_dump(exclude_unset=True)
         for required in ("name", "max_concurrent"):  # null: left as it is
             if update.get(required, 0) is None:
@@ -199,10 +227,15 @@ class Keys:
         return changed
 
     async def revoke(self, key_id: str) -> None:
+        """Mark the key revoked (kept, so that lists and usage show it as such): no
+        lookup finds it from the next reload on, on every worker."""
         await self.reload()
-        if key_id not in self._by_id:
-            raise KeyNotFound(f"no key {key_id[:32]!r}")
-        await self._values().delete(_NS + key_id)
+        record = self.get(key_id)
+        if record is None:
+            raise KeyNotFound(f"no live key {key_id[:32]!r}")
+        revoked = record.model_copy(update={"revoked_at": iso_utc(time.time())})
+        await self._values().put(_REVOKED + key_id, revoked.model_dump_json(), _FOREVER_S)
+        await self._values().delete(_NS + key_id)  # refused by every reader, old ones too
         await self._signal()
 
     async def _write(self, record: KeyRecord) -> None:

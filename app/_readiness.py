@@ -78,9 +78,12 @@ class Readiness:
                 return "down"
         if not sp.is_up():
             return "down"
-        if sp.probe_url is not None:  # even with connections open: a frozen Space keeps them
+        probe_url = sp.probe_url
+        if probe_url is None and sp.spec.src.startswith(("http://", "https://")):
+            probe_url = sp.spec.src + "gradio_api/app_id"  # not connected yet: Gradio's route
+        if probe_url is not None:  # even with connections open: a frozen Space keeps them
             with contextlib.suppress(httpx.HTTPError):
-                if (await self._http.get(sp.probe_url)).status_code == 200:
+                if (await self._http.get(probe_url)).status_code == 200:
                     return "up"
         if sp.spec.is_hub:
             stage = None

@@ -9,7 +9,8 @@
 * ``"session": "<id>"`` in a ``/api/predict`` or ``/api/jobs`` body continues it (with
   the same ``email`` as opened it);
 * ``GET /api/sessions/{id}`` and ``DELETE /api/sessions/{id}`` (``?email=`` when it was
-  opened with one).
+  opened with one: without it, the 404's message says so, whether the session exists or
+  not).
 
 An unknown, expired, deleted or someone else's session is a 404 ``session_not_found``;
 a session whose Space restarted is a 410 ``session_lost`` (:mod:`pool._sessions`).
@@ -22,12 +23,14 @@ The record is in the coordinator, so any worker or host serves any turn. Same au
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from datetime import UTC, datetime
 
 from fastapi import APIRouter, Depends, Path, Query, Request
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from pool import PoolSession, get_pool
+from pool import PoolSession, SessionNotFound, get_pool
 
 from ._auth import require_api_token
 from ._logging import context_of
@@ -101,10 +104,31 @@ async def open_session(body: SessionRequest, request: Request) -> SessionView:
 @router.get("/api/sessions/{session_id}", response_model=SessionView)
 async def get_session(session_id: str = _ID, email: str | None = _EMAIL) -> SessionView:
     """The session, if it is live and the caller's."""
-    return _view(await get_pool().get_session(session_id, email))
+    with _owner_hint(email):
+        return _view(await get_pool().get_session(session_id, email))
 
 
 @router.delete("/api/sessions/{session_id}", status_code=204)
 async def delete_session(session_id: str = _ID, email: str | None = _EMAIL) -> None:
     """End the session; its next call is a 404."""
-    await get_pool().close_session(session_id, email)
+    with _owner_hint(email):
+        await get_pool().close_session(session_id, email)
+
+
+NO_OWNER_HINT = (
+    "no such session for an anonymous caller (unknown, expired, or opened with an email):"
+    " a user's sessions are named with ?email= (the email that opened it),"
+    " e.g. DELETE /api/sessions/{id}?email=alice@example.com"
+)
+
+
+@contextlib.contextmanager
+def _owner_hint(email: str | None) -> Iterator[None]:
+    """A 404 for a GET or DELETE that names no owner says how a user's sessions are named;
+    the same words whether the session exists or not (nothing revealed)."""
+    try:
+        yield
+    except SessionNotFound as exc:
+        if email is not None:
+            raise
+        raise SessionNotFound(NO_OWNER_HINT) from exc

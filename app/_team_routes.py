@@ -5,7 +5,8 @@
 * ``GET /api/admin/keys`` → ``{"keys": [...]}``; ``PATCH /api/admin/keys/{id}``
   (fields to change); ``DELETE /api/admin/keys/{id}`` → ``204`` (revoked);
 * ``GET /api/admin/usage`` ``?key=&email=&user=&since=&until=&format=json|csv`` →
-  per key and hour, and the top users (hashed) over the range.
+  per key and hour, and the top users (hashed) over the range; a ``key`` that names no
+  key (live or revoked) and has no usage → 404 ``key_not_found``.
 """
 
 from __future__ import annotations
@@ -20,9 +21,10 @@ from pool import InvalidRequest, get_pool
 from pool._consumer import CURRENT
 
 from ._auth import require_admin_token
+from ._errors import KeyNotFound
 from ._keys import KeyChange, KeyCreate, KeyRecord, Keys
 from ._schemas import EMAIL_MAX_CHARS, ERROR_RESPONSES, is_email
-from ._usage import Usage, as_csv
+from ._usage import OPEN_KEY, TOKEN_KEY, Usage, as_csv
 
 router = APIRouter(
     dependencies=[Depends(require_admin_token)], tags=["admin"], responses=ERROR_RESPONSES
@@ -101,13 +103,25 @@ async def usage(
     hours, users = await meter.rows(
         key=key, user=user, since=_epoch(since, 0.0), until=_epoch(until, math.inf)
     )
+    if key is not None and not hours and not _known(keys_of(request), key):
+        raise KeyNotFound(
+            f"no key {key[:64]!r}: key= is a key's name or id (GET /api/admin/keys lists"
+            f" them, revoked ones included), {TOKEN_KEY[0]!r} (POOL_API_TOKEN) or"
+            f" {OPEN_KEY[0]!r} (no key)"
+        )
     if format == "csv":
         return Response(as_csv(hours), media_type="text/csv; charset=utf-8")
     return {"hours": hours, "users": users[:100]}
 
 
+def _known(keys: Keys, key: str) -> bool:
+    """Whether ``key`` names a key (live or revoked) or one of the keyless meters."""
+    names = {*TOKEN_KEY, *OPEN_KEY}
+    return key in names or any(key in (r.id, r.name) for r in keys.all())
+
+
 def _key_record(keys: Keys, key: str | None) -> KeyRecord:
     for record in keys.all():
-        if key in (record.id, record.name):
+        if key in (record.id, record.name) and record.revoked_at is None:
             return record
     raise InvalidRequest("email needs key= (the name or id of a live key)")

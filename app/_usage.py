@@ -16,7 +16,9 @@ figures add up; a store that does not answer keeps them for the next flush.
 
 **Quotas, before any slot.** A key's daily figures (``quota:<key id>:<UTC day>``) are
 checked, and its call counted, atomically as the request enters (one store update);
-a quota reached is ``429`` with ``Retry-After`` the seconds to the next UTC day.
+a quota reached is ``429`` with ``Retry-After`` the seconds to the next UTC day, and
+an error of class ``quota_daily_calls`` / ``quota_daily_space_seconds`` in the key's
+usage (not a call).
 
 Callers without a key are metered too: the shared ``POOL_API_TOKEN`` as ``token``,
 unauthenticated ones as ``open``.
@@ -276,6 +278,7 @@ class Usage:
         await self._values().update(f"{_QUOTA}{record.id}:{int(now // DAY_S)}", bump, 2 * DAY_S)
         if refused:
             what = refused[0]
+            self._note_refusal(record, f"quota_{what}", now)
             limit = record.daily_calls if what == "daily_calls" else record.daily_space_seconds
             raise UserLimitReached(
                 f"the key {record.name!r} reached its {what} quota ({limit}); it renews at"
@@ -283,6 +286,13 @@ class Usage:
                 retry_after_s=math.ceil(next_day_s(now)),
             )  # fmt: skip
         return int(now // DAY_S)
+
+    def _note_refusal(self, record: KeyRecord, error: str, now: float) -> None:
+        """A call ``record``'s quota refused: an error of that class in the key's usage
+        (not a call: nothing was admitted; no user yet, the body is not read)."""
+        bucket = self._pending.setdefault((record.id, int(now // HOUR_S)), _Bucket(record.name))
+        bucket.total.add(Figures(errors={error: 1}))
+        KEY_ERRORS.labels(key_label(record.name), error).inc()
 
     async def unspend_call(self, record: KeyRecord, day: int) -> None:
         """Give back a call :meth:`admit_call` counted on ``day`` that was never made."""

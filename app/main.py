@@ -38,16 +38,18 @@ import asyncio
 import contextlib
 import logging
 import os
+import sys
 from collections.abc import AsyncIterator
 from importlib import metadata
 
 from fastapi import FastAPI
+from pydantic import ValidationError
 
 from pool import Pool, get_pool
 from pool._tasks import cancel_and_wait
 from pool.admission import SharedValues
 
-from . import _errors, _tracing
+from . import _errors, _startup, _tracing
 from ._api import router
 from ._boundary import Boundary
 from ._dashboard import router as dashboard_router
@@ -81,6 +83,14 @@ _log = logging.getLogger("spacepool.app")
 async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
     settings: ServiceSettings = app.state.settings
     configure_logging()
+    if not _startup.CHECKED:  # python -m app checked them before its banner
+        problems, warnings = _startup.check_environment(os.environ)
+        for line in warnings:
+            _log.warning(line)
+        if problems:
+            for line in problems:
+                _log.error(line)
+            raise RuntimeError(f"{len(problems)} setting(s) malformed (logged above)")
     tracing = _tracing.configure()  # OTLP when OTEL_EXPORTER_OTLP_ENDPOINT is set
     if settings.admin_token is None:
         _log.warning("POOL_ADMIN_TOKEN is not set: every /api/admin/* request is refused")
@@ -97,7 +107,10 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
         pool = get_pool()
         await pool.start()
     except Exception as exc:
-        _log.error("cannot start the pool (%s): %s", type(exc).__name__, exc)
+        down = await _startup.coordinator_problem(os.environ.get("POOL_COORDINATOR_URL", ""))
+        _log.error(down or f"cannot start the pool ({type(exc).__name__}): {exc}")
+        if down is not None:  # a configuration problem, not a busy service: say only that
+            raise RuntimeError(down) from None
         raise
     pool.hooks.append(on_pool_event)
     activity = Activity()
@@ -142,6 +155,7 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
         draining=draining,
     )
     draining.install()
+    space_probe = asyncio.get_running_loop().create_task(_startup.probe_spaces(pool))
     _log.info(
         "serving %d Space(s): %s; admission store %s",
         len(pool.spaces),
@@ -152,6 +166,7 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
         yield
     finally:
         draining.uninstall()
+        await cancel_and_wait(space_probe)
         reclaim.cancel()
         await front.aclose()  # Gradio sessions: their events' slots freed
         sweeper.cancel()
@@ -178,6 +193,7 @@ def _job_runner(
 ) -> tuple[JobRunner, asyncio.Task[None]]:  # fmt: skip
     """The job runner; with a shared coordinator, jobs every worker reads, cancels and
     reclaims from a lost worker (app._reclaim), and the task that heartbeats for it."""
+
     def values() -> SharedValues:  # where each user's jobs are counted (app/_jobs.py)
         return pool.coordinator.values
 
@@ -204,9 +220,21 @@ def _version() -> str:
         return "0"
 
 
+def _settings_or_exit() -> ServiceSettings:
+    """The service's settings from the environment; malformed, one line each on stderr
+    and exit 2 (``uvicorn app.main:app`` imports this module: no traceback for a typo)."""
+    try:
+        return ServiceSettings()
+    except ValidationError:
+        problems, _ = _startup.check_environment(os.environ)
+        for line in problems or ["the POOL_* settings are malformed"]:
+            print(f"spacepool: error: {line}", file=sys.stderr, flush=True)
+        raise SystemExit(2) from None
+
+
 def create_app(settings: ServiceSettings | None = None) -> FastAPI:
     """A new application; ``settings`` default to the ``POOL_*`` environment."""
-    settings = settings or ServiceSettings()
+    settings = settings or _settings_or_exit()
     app = FastAPI(
         title="spacepool",
         version=_version(),

@@ -270,7 +270,10 @@ class Zygote:
         buffered = b""
         try:
             while True:
-                data = self._sock.recv(65536)
+                try:
+                    data = self._sock.recv(65536)
+                except OSError:  # closed by close() while this read: the end, as EOF
+                    break
                 if not data:
                     break
                 buffered += data

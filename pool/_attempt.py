@@ -382,7 +382,8 @@ class Attempts:
         if not waking:
             sp.mark_down(error.kind, asked or _SPACE_COOLDOWN_S)
         emit(self.hooks, PoolEvent("failover", sp.name, error.kind))
-        _log.warning("space %s failed (%s); failing over", sp.name, error.kind)
+        others = "; failing over" if len(self.spaces) > 1 else " (the only Space)"
+        _log.warning("space %s failed (%s)%s", sp.name, error.kind, others)
         return True
 
     async def _answers(self, sp: SpacePool) -> bool:

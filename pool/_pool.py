@@ -491,6 +491,9 @@ class Pool:
         the last few seconds; queue and in-flight figures come from the store itself.
         ``up``/``lastError``/``generation`` are this process's view.
         """
-        return await self._stats.collect(
+        stats = await self._stats.collect(
             self._upkeep.health_running, self._upkeep.last_health_check
         )
+        due = self._upkeep.next_health_check  # the dashboard's "next at …" before the first
+        stats["nextHealthCheck"] = due.isoformat().replace("+00:00", "Z") if due else None
+        return stats

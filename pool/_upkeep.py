@@ -45,14 +45,24 @@ class Upkeep:
         self._publish = publish
         self._task: asyncio.Task[None] | None = None
         self._last_round_at = 0.0
+        self._last_round_wall = 0.0  # the same moment by the wall clock (nextHealthCheck)
         self.health_running = False
         self.warmth = Warmth(settings.warm_window_s, clock)
         self.last_health_check: datetime | None = None
+
+    @property
+    def next_health_check(self) -> datetime | None:
+        """When the next health round is due (None before the pool started)."""
+        if self._task is None:
+            return None
+        due = self._last_round_wall + self._settings.health_interval_s  # one value per round
+        return datetime.fromtimestamp(due, UTC).replace(microsecond=0)
 
     def start(self, shared: Shared, http: httpx.AsyncClient) -> None:
         if self._settings.warmup:
             Warmth.warm_up(self._spaces)
         self._last_round_at = self._clock.now()
+        self._last_round_wall = self._clock.wall()
         self._task = asyncio.get_running_loop().create_task(self._run(shared, http))
 
     async def aclose(self) -> None:
@@ -95,6 +105,7 @@ class Upkeep:
     async def health_check(self, shared: Shared, http: httpx.AsyncClient) -> None:
         """One round: probe ≤ ``health_sample`` idle connections per Space (SPEC 4.4)."""
         self._last_round_at = self._clock.now()
+        self._last_round_wall = self._clock.wall()
         self.health_running = True
         try:
             spaces = self._spaces.values()

@@ -156,7 +156,7 @@ async def limit_rows(
     settings = _settings(spaces, global_max_concurrent=g, anonymous_max_concurrent=1000,
                          window_initial=g, max_connections=4 * g)  # fmt: skip
     executor = ThreadPoolExecutor(2)
-    opener = _opener(settings, None, None, executor)
+    opener = _opener(settings, None, None, executor, {})
     oracle = [await opener.open(spaces[i % len(spaces)].url) for i in range(g)]
     pool = Pool(settings)
     admitted: list[float] = []

@@ -122,6 +122,8 @@ class Result:
                 f"{fmt_ratio(self.ratio.high, self.ratio_style)})"
             )
         verdict = {True: "met", False: "**missed**", None: "reported"}[self.met]
+        if self.ours.n == 0 and self.ours_label == "not measured":
+            verdict = f"not measured: {self.note}"  # a skip says why, never "reported"
         load = "—" if self.load is None else fmt_load(self.load)
         return [self.row, ours, base, ratio, self.goal or "—", verdict, load]
 

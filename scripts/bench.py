@@ -16,7 +16,7 @@ the native transport without the pool; scripts/_bench_replicas.py).
 
 Everything runs against real Gradio apps on 127.0.0.1 (``devspaces``), the compared
 variants interleaved in repetitions; each figure is a median with its min–max over
-the repetitions. ``--quick`` (CI smoke, < 2 min) shrinks repetitions and sizes; the
+the repetitions. ``--quick`` (CI smoke, every row, < 4 min) shrinks repetitions and sizes; the
 full run (< 10 min) is the one BENCHMARKS.md quotes. The machine is shared: the 1-minute
 load average is sampled every second while each row runs and printed next to its
 figures (median, min–max). The exit code is 1 only when a row failed to run; a missed
@@ -130,7 +130,7 @@ QUICK = Plan(
     store_rounds=1, store_seconds=0.3,
     sat_callers=36, sat_cap=12, sat_service_s=0.5, sat_rounds=1, sat_raw_calls=1,
     rss_per_space=8, rss_rounds=1, rss_with_raw=False,
-    transport="quick",
+    transport="smoke",  # the CI smoke: every transport figure, tiny sizes
     rep_rounds=1, rep_service_s=0.5, mix_seconds=3.0,
     lim_rounds=1, lim_seconds=2.0, lim_latency_calls=10,
 )  # fmt: skip
@@ -363,7 +363,7 @@ def main(argv: list[str] | None = None, *, quick_plan: Plan = QUICK) -> int:
     parser = argparse.ArgumentParser(
         prog="scripts/bench", description=(__doc__ or "").splitlines()[0]
     )
-    parser.add_argument("--quick", action="store_true", help="CI smoke: small and short (< 2 min)")
+    parser.add_argument("--quick", action="store_true", help="CI smoke: every row, short (< 4 min)")
     parser.add_argument(
         "--only", default=",".join(ROWS), help=f"comma-separated rows: {','.join(ROWS)}"
     )

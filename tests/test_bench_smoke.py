@@ -1,61 +1,67 @@
-"""Smoke tests of the benchmark scripts: they run and print their rows (no timing asserted)."""
+"""The benchmark smoke: ``scripts/bench --quick`` runs every row, green, within the time
+BENCHMARKS.md states (no figure asserted: a missed goal is a finding, not a failure)."""
 
 from __future__ import annotations
 
 import json
+import os
+import re
 import subprocess
-import sys
+import time
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
+QUICK_LIMIT_S = 240.0  # BENCHMARKS.md: "scripts/bench --quick ... < 4 min"
+GROUPS = (
+    "cycle", "fairness", "queue", "stores", "fresh", "raw", "saturation", "rss", "transport",
+    "replicas", "replicas-mixed", "limit",
+)  # fmt: skip
 
 
-def run(command: list[str], timeout: float) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        command,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=False,
+def test_benchmarks_md_states_the_quick_limit() -> None:
+    """BENCHMARKS.md states the limit this test holds the smoke to."""
+    text = (ROOT / "BENCHMARKS.md").read_text()
+    assert re.search(r"scripts/bench --quick .*< 4 min", text), "the stated time moved"
+
+
+@pytest.mark.timeout(QUICK_LIMIT_S + 60)
+def test_bench_quick_runs_every_row_green(tmp_path: Path) -> None:
+    """`scripts/bench --quick`: exit 0 within QUICK_LIMIT_S; every row group has rows;
+    each row is measured (ours and its baseline) or says "not measured: <why>" (never
+    "reported"); the transport rows give every figure per transport; with CI=true the
+    Redis rows are measured (the CI machine has Redis)."""
+    out = tmp_path / "bench.json"
+    started = time.monotonic()
+    proc = subprocess.run(
+        [str(ROOT / "scripts" / "bench"), "--quick", "--json", str(out)],
+        capture_output=True, text=True, timeout=QUICK_LIMIT_S + 30, check=False,
         stdin=subprocess.DEVNULL,
-    )
-
-
-def test_bench_quick_cycle_prints_its_rows(tmp_path: Path) -> None:
-    """`scripts/bench --quick --only cycle` prints the CapacityLimiter and QueuePool rows."""
-    out = tmp_path / "bench.json"
-    bench = str(ROOT / "scripts" / "bench")
-    proc = run([bench, "--quick", "--only", "cycle", "--json", str(out)], timeout=25)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    table = [line for line in proc.stdout.splitlines() if line.startswith("| ")]
-    assert table[0].startswith("| row |")
-    rows = [line.split("|")[1].strip() for line in table[1:]]
-    assert rows == ["CapacityLimiter: acquire+release cycle", "QueuePool: checkout+checkin cycle"]
-    figures = json.loads(out.read_text())
-    assert [r["key"] for r in figures["results"]] == ["cycle", "cycle"]
-    assert all(r["ours"]["n"] > 0 and r["baseline"]["n"] > 0 for r in figures["results"])
-
-
-@pytest.mark.timeout(300)
-def test_bench_transport_smoke_prints_every_figure_per_transport(tmp_path: Path) -> None:
-    """`bench_transport.py --smoke`: every figure per transport, each against raw."""
-    transports = ["gradio_client", "native"]
-    out = tmp_path / "bench.json"
-    script = str(ROOT / "scripts" / "bench_transport.py")
-    proc = run([sys.executable, script, "--smoke", "--json", str(out)], timeout=280)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    figures = json.loads(out.read_text())
-    rows = [r["row"] for r in figures["results"]]
-    for transport in transports:
+    )  # fmt: skip
+    took = time.monotonic() - started
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert took < QUICK_LIMIT_S, f"scripts/bench --quick took {took:.0f} s"
+    results = json.loads(out.read_text())["results"]
+    assert {r["key"] for r in results} == set(GROUPS)
+    skipped = []
+    for r in results:
+        verdict = r["text"]["result"]
+        if r["ours"]["n"] == 0:
+            assert verdict.startswith("not measured: ") and r["note"], r["text"]
+            skipped.append(f"{r['row']}: {r['note']}")
+        else:
+            assert verdict in {"met", "**missed**", "reported"}, r["text"]
+            assert r["baseline"] is None or r["baseline"]["n"] > 0, r["text"]
+    rows = [r["row"] for r in results]
+    for transport in ("gradio_client", "native"):
         for figure in ("0 s predict p50", "first partial", "saturation", "threads", "RSS"):
             assert any(row.startswith(f"transport {transport}: {figure}") for row in rows), (
-                transport,
-                figure,
-                rows,
-            )
-    assert all(r["ours"]["n"] > 0 and r["baseline"]["n"] > 0 for r in figures["results"])
-    assert all(r["ratio"]["n"] > 0 for r in figures["results"])
-    table = [line for line in proc.stdout.splitlines() if line.startswith("| transport ")]
-    assert len(table) == len(rows)
+                transport, figure, rows,
+            )  # fmt: skip
+    if os.environ.get("CI", "").lower() in {"1", "true", "yes"}:
+        assert not [s for s in skipped if "Redis" in s], skipped
+    table = [line for line in proc.stdout.splitlines() if line.startswith("| ")]
+    assert len(table) == len(results) + 1  # the header, then one line per row
+    print(f"\nscripts/bench --quick: {len(results)} rows in {took:.0f} s; not measured:"
+          f" {skipped or 'none'}")

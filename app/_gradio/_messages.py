@@ -192,6 +192,19 @@ class SessionMessages:
         await self._values().update(self.key, take, self.ttl_s)
         return chosen
 
+    async def refuse(self, event_id: str, message: str) -> None:
+        """An event refused as it joined (its key's quota): named and completed with the
+        error in one write, so that the session's stream delivers it as a Space's own
+        error (gradio_client ``AppError(message)``, @gradio/client's error status)."""
+
+        def add(raw: str | None) -> str:
+            box = _box(raw)
+            pending = [*(str(e) for e in box["pending"]), event_id]
+            msgs = [*box["msgs"], completed_error(event_id, message)]
+            return _dump(pending, msgs, _runner(box))
+
+        await self._values().update(self.key, add, self.ttl_s)
+
     async def release(self, event_id: str, worker: str) -> None:
         """The event, run by ``worker``, ended: the session has no runner after its
         last one."""

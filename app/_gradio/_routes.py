@@ -22,6 +22,7 @@ import contextlib
 import functools
 import json
 import math
+import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
@@ -30,13 +31,23 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.datastructures import UploadFile
 
-from pool import BusyError, InvalidRequest, Pool, PoolError, check_outbound, get_pool
+from pool import (
+    BusyError,
+    InvalidRequest,
+    Pool,
+    PoolError,
+    UserLimitReached,
+    check_outbound,
+    get_pool,
+)
+from pool._consumer import CURRENT
 from pool.transport import SpaceTransport, safe_name
 
 from .._auth import require_api_token
 from .._boundary import BadJson, parse_json, upload_id, upload_token
 from .._errors import describe
 from .._filestore import FileStore, file_response
+from .._keys import Keys
 from .._logging import context_of
 from .._schemas import EMAIL_MAX_CHARS, is_email
 from .._settings import settings_of
@@ -68,7 +79,28 @@ _SSE = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 Endpoint = Callable[[Request], Awaitable[Response]]
 router = APIRouter(include_in_schema=False)
-_TOKEN = [Depends(require_api_token)]
+
+
+async def _token_or_quota(request: Request) -> None:
+    """:func:`require_api_token`; a join its key's daily quota refuses goes on to its
+    route, which answers it as a Space answers an event that fails (:func:`join`): the
+    clients raise the service's message (gradio_client's bare 429 said nothing)."""
+    try:
+        await require_api_token(request)
+    except UserLimitReached as exc:
+        if not request.url.path.endswith("/gradio_api/queue/join"):
+            raise
+        request.state.quota_refusal = exc
+        # Its session is the key's (users are hashed within their key): as the key's.
+        scheme, _, bearer = request.headers.get("authorization", "").partition(" ")
+        keys: Keys | None = getattr(request.app.state, "keys", None)
+        if scheme.lower() == "bearer" and keys is not None:
+            record = await keys.find(bearer.strip())
+            if record is not None:
+                CURRENT.set(record.consumer())
+
+
+_TOKEN = [Depends(_token_or_quota)]
 
 
 def sessions(request: Request) -> FrontSessions:
@@ -230,6 +262,13 @@ async def join(request: Request) -> Response:
     session_hash = body.get("session_hash") if isinstance(body, dict) else None
     if not isinstance(session_hash, str) or not session_hash:
         return JSONResponse({"detail": "session_hash is required"}, status_code=400)
+    refused: UserLimitReached | None = getattr(request.state, "quota_refusal", None)
+    if refused is not None:  # named, then completed with the quota's message at once
+        session = await sessions(request).open(_scope(request), session_hash, _email(request))
+        event_id = uuid.uuid4().hex
+        await session.outbox.refuse(event_id, str(refused))
+        context_of(request).outcome = refused.reason
+        return JSONResponse({"event_id": event_id})
     event = await _event(request, body)
     session = await sessions(request).open(_scope(request), session_hash, event.email)
     event_id = await session.join(event)

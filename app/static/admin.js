@@ -14,6 +14,61 @@
 (() => {
   const STATS_URL = "/api/admin/pool-stats";
   const USAGE_URL = "/api/admin/usage";
+  const KEYS_URL = "/api/admin/keys";
+  const KEYLESS = { open: "no key (callers without an API key)", token: "POOL_API_TOKEN (the shared token)" };
+  // What each figure means, shown on hover (title) and to screen readers: keyed by the
+  // last part of its data-stat path (the first match of the path's parts, from the end).
+  const EXPLAIN = {
+    globalInUse: "Predicts holding a slot of the global cap now, across every worker and host",
+    globalLimit: "The global cap, POOL_GLOBAL_MAX_CONCURRENT: predicts in flight at most, fleet-wide",
+    consumerLimit: "Per-user cap, POOL_CONSUMER_MAX_CONCURRENT: one email's predicts in flight at most",
+    store: "The admission store (POOL_COORDINATOR_URL's kind) every worker shares",
+    reachable: "Whether the admission store answered this poll; without it nothing is admitted",
+    totalQueued: "Requests waiting for admission now, fleet-wide",
+    interactive: "Waiting requests of the interactive class",
+    batch: "Waiting requests of the batch class (priority: batch)",
+    p50: "Median wait for admission over this worker's recent admissions (ms)",
+    p95: "95th percentile of the wait for admission over this worker's recent admissions (ms)",
+    p99: "99th percentile of the wait for admission over this worker's recent admissions (ms)",
+    oldestMs: "The longest wait still in progress, fleet-wide (ms)",
+    p95Ms: "95th percentile of the ages of the waits still in progress (ms)",
+    count: "Waits for admission in progress now, fleet-wide",
+    userAssignments: "Users pinned to a Space (a pin lasts POOL_ASSIGNMENT_TTL_S)",
+    requestsPerMinute: "Requests that ended in the last minute, every worker",
+    processes: "Worker processes that published their figures in the last few seconds",
+    inUseConnections: "Connections serving a predict now",
+    availableConnections: "Open connections idle and ready",
+    totalConnections: "Open connections, in use or idle",
+    initialized: "Whether this worker's pool has started (it starts with the service)",
+    lastHealthCheck: "When the last health round ended (UTC): it probes idle connections of every Space",
+    nextHealthCheck: "When the next health round is due (every POOL_HEALTH_INTERVAL_S)",
+    healthCheckRunning: "Whether a health round runs now",
+    up: "up: the Space takes calls; down: it failed and is routed around for a cool-down",
+    unhealthyConnections: "Connections that failed their health probe, about to be replaced",
+    maxConnections: "POOL_MAX_CONNECTIONS: the most connections to one Space per worker",
+    minConnections: "POOL_MIN_CONNECTIONS: the connections kept open to one Space per worker",
+    openingConnections: "Connections being opened now",
+    keptWarm: "Idle connections kept: the peak in use over POOL_WARM_WINDOW_S, at least the minimum",
+    queueLength: "Requests waiting for this Space now",
+    spaceInFlight: "Predicts running on this Space now, fleet-wide",
+    current: "The Space's adaptive window now: its admission limit fleet-wide",
+    ceiling: "The most the window may grow to (POOL_WINDOW_MAX, POOL_MAX_CONNECTIONS)",
+    initial: "The window at start (POOL_WINDOW_INITIAL)",
+    peak: "The largest the window has been",
+    state: "closed: calls go through; open: the Space is skipped until the cool-down ends; half_open: one probe call decides",
+    consecutiveFailures: "Provider failures in a row (POOL_BREAKER_FAILURES of them open the breaker)",
+    transitions: "Times the breaker changed state",
+    openUntil: "When an open breaker lets one probe call through (UTC)",
+    deadline: "The wake deadline of a sleeping Space (UTC)",
+    kind: "The class of the Space's last failed call, any worker (kept after it recovers)",
+    at: "When it happened (UTC)",
+    lastError: "The failure that has this worker routing around the Space now; — when it is up",
+    result: "The last health probe's result on one of the Space's idle connections",
+    "wake.state": "The Space's wake state: idle, or waking a sleeping Space until it answers",
+    "lastProbe.at": "When the last health probe of this Space ran (UTC)",
+    "lastFailure.at": "When its last failed call ended (UTC)",
+    errors: "Failed calls of this class on this Space in the last 15 minutes, every worker",
+  };
   const USAGE_MS = 10000;
   const DAY_MS = 24 * 3600 * 1000;
   const SVG = "http://www.w3.org/2000/svg";
@@ -32,6 +87,7 @@
   let lastOkText = DASH;
   let failure = "";
   let lastHealth = null;
+  let nextHealth = null; // pool-stats nextHealthCheck: shown as "next at" before the first
   let memoryToken = null; // used only when sessionStorage is unavailable
   let cards = 0; // ids for the Space cards' headings
   let usageAt = 0; // when the usage was last asked for
@@ -103,7 +159,21 @@
     return String(value);
   }
 
+  function explain(el) {
+    if (el.title) return;
+    const path = JSON.parse(el.dataset.stat || el.dataset.field || "[]");
+    for (let i = path.length - 1; i >= 0; i--) {
+      const pair = i > 0 ? `${path[i - 1]}.${path[i]}` : "";
+      const text = EXPLAIN[pair] || EXPLAIN[path[i]];
+      if (typeof path[i] === "string" && text) {
+        el.title = text;
+        return;
+      }
+    }
+  }
+
   function fill(el, value) {
+    explain(el);
     const kind = el.dataset.kind || "";
     el.textContent = format(value, kind);
     if (kind === "time") {
@@ -149,6 +219,7 @@
     renderQueue(data.queueHistory, data.totalQueued);
     renderSpaces(data.pools || {});
     lastHealth = data.lastHealthCheck || null;
+    nextHealth = data.nextHealthCheck || null;
     tickAges();
     document.body.dataset.renders = String(Number(document.body.dataset.renders) + 1);
   }
@@ -230,6 +301,7 @@
       const count = document.createElement("span");
       count.className = "count";
       count.dataset.stat = JSON.stringify(["pools", name, "errors", cls]);
+      count.title = EXPLAIN.errors;
       count.textContent = format(errors[cls]);
       li.append(label, " ", count);
       list.append(li);
@@ -265,8 +337,10 @@
     svg.dataset.peak = String(peak);
     svg.dataset.points = String(points.length);
     $("queue-ymax").textContent = `peak ${peak}`;
-    $("queue-span").textContent = `−${Math.round(spanMs / 60000)} min`;
-    let caption = "Queue length over the last 15 minutes: ";
+    const spanMin = Math.round(spanMs / 60000);
+    $("queue-span").textContent = `−${spanMin} min`;
+    // The caption names the span the axis shows (it grows to 15 minutes as history comes).
+    let caption = `Queue length over the last ${spanMin} minutes: `;
     if (!points.length) {
       caption += "no samples yet.";
     } else {
@@ -316,8 +390,9 @@
     return parts.length ? parts.join(", ") : "none";
   }
 
-  function renderUsage(data) {
+  function renderUsage(data, keys) {
     const hours = Array.isArray(data.hours) ? data.hours : [];
+    const records = new Map((Array.isArray(keys) ? keys : []).map((k) => [String(k.id), k]));
     const byKey = new Map();
     for (const row of hours) {
       const id = String(row.key_id);
@@ -334,7 +409,20 @@
       card.dataset.key = key.name;
       const title = document.createElement("h3");
       title.id = `key-${id}-title`;
-      title.textContent = key.name;
+      title.textContent = KEYLESS[id] || key.name;
+      const record = records.get(id);
+      if (id in KEYLESS) {
+        card.classList.add("keyless");
+        title.title = "Calls made without an API key: metered, but not a key";
+      } else if (record && record.revoked) {
+        card.classList.add("revoked");
+        card.dataset.revoked = "true";
+        const badge = document.createElement("span");
+        badge.className = "badge revoked";
+        badge.textContent = "revoked";
+        badge.title = `Revoked at ${utc(record.revoked_at)}: refused everywhere; its usage stays`;
+        title.append(" ", badge);
+      }
       card.setAttribute("aria-labelledby", title.id);
       const recent = key.rows.filter((r) => end - Date.parse(r.hour) <= DAY_MS);
       const calls = key.rows.reduce((n, r) => n + r.calls, 0);
@@ -376,7 +464,11 @@
       card.append(title, svg, fine);
       container.append(card);
     }
-    $("key-count").textContent = `(${byKey.size})`;
+    // Keys only: the keyless meters ("no key", the shared token) are not keys.
+    const real = [...byKey.keys()].filter((id) => !(id in KEYLESS));
+    const revoked = real.filter((id) => records.get(id) && records.get(id).revoked).length;
+    $("key-count").textContent =
+      `(${real.length} key${real.length === 1 ? "" : "s"}` + (revoked ? `, ${revoked} revoked)` : ")");
     const body = $("top-users");
     body.replaceChildren();
     for (const u of (Array.isArray(data.users) ? data.users : []).slice(0, 10)) {
@@ -399,7 +491,15 @@
       });
       if (!response.ok || mine !== generation) return;
       const data = await response.json();
-      if (mine === generation) renderUsage(data);
+      let keys = [];
+      const listed = await fetch(KEYS_URL, {
+        headers: { Authorization: "Bearer " + bearer, Accept: "application/json" },
+        cache: "no-store",
+        credentials: "omit",
+        referrerPolicy: "no-referrer",
+      });
+      if (listed.ok) keys = (await listed.json()).keys;
+      if (mine === generation) renderUsage(data, keys);
     } catch (e) {
       /* the next round tries again */
     }
@@ -432,11 +532,12 @@
   }
 
   function tickAges() {
+    const next = nextHealth ? ` · next at ${utc(nextHealth).slice(11)}` : "";
     if (lastHealth) {
       const age = Math.max(0, Math.round((Date.now() - Date.parse(lastHealth)) / 1000));
-      $("health-age").textContent = Number.isNaN(age) ? "" : `(${age} s ago)`;
+      $("health-age").textContent = Number.isNaN(age) ? next : `(${age} s ago)${next}`;
     } else {
-      $("health-age").textContent = "";
+      $("health-age").textContent = nextHealth ? `none yet${next}` : "";
     }
     if (!lastOk || $("dashboard").hidden) return;
     const age = Date.now() - lastOk;

@@ -89,9 +89,9 @@ class Choice:
         while True:
             usable = [n for n in self._usable(tried, api_name) if within is None or n in within]
             if not usable:
-                detail = f"; last failure: {last.kind}" if last else ""
                 raise NoHealthySpaceError(
-                    f"every Space failed, is unhealthy or has its breaker open{detail}",
+                    "every Space failed, is unhealthy or has its breaker open"
+                    + self._which(tried, last),
                     retry_after_s=self.retry_after_down(),
                 )
             # Prefer Spaces that are awake and not just failed for this request; a Space
@@ -153,6 +153,20 @@ class Choice:
         """``route``'s user's pin now (None: not pinned)."""
         assert route.pin_key is not None
         return await self._router.pinned(route.pin_key)
+
+    def _which(self, tried: list[str], last: PoolError | None) -> str:
+        """The Spaces behind a NoHealthySpaceError, by name: the last failure and where,
+        the ones this request tried, the ones down (no URL: it may carry a secret)."""
+        failed = list(dict.fromkeys(tried))
+        down = [n for n, sp in self._spaces.items() if n not in failed and not sp.is_up()]
+        parts = []
+        if last is not None:
+            parts.append(f"last failure: {last.kind}" + (f" on {failed[-1]}" if failed else ""))
+        if failed:
+            parts.append(f"tried: {', '.join(failed)}")
+        if down:
+            parts.append(f"down: {', '.join(down)}")
+        return f"; {'; '.join(parts)}" if parts else ""
 
     def _usable(self, tried: list[str], api_name: str | None) -> list[str]:
         now = self._clock.wall()

@@ -495,7 +495,9 @@ async def test_the_page_marks_itself_stale_and_works_by_keyboard_and_on_a_phone(
     assert set(space_names) <= set(reached), reached
     assert "summary" in reached  # the queue chart's table
     label = await page.locator("#queue-chart").get_attribute("aria-labelledby")
-    assert "15 minutes" in await page.locator(f"#{label}").inner_text()
+    span = (await page.locator("#queue-span").inner_text()).strip("−").split()[0]
+    caption = await page.locator(f"#{label}").inner_text()
+    assert f"over the last {span} minutes" in caption, caption  # the axis's span
     for bar in await page.locator("#spaces [data-bar]").all():
         assert await bar.get_attribute("aria-valuetext")
 

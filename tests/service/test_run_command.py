@@ -19,7 +19,17 @@ import pytest
 
 from app.__main__ import DEMO_SPACES
 from devspaces import free_port
-from tests.test_readme import NOT_RUN, pasted_commands, run_pasted
+from tests.test_readme import (
+    NOT_RUN,
+    js_runnable,
+    not_run,
+    on_ci,
+    pasted_commands,
+    readme_blocks,
+    run_js_block,
+    run_pasted,
+    run_python_block,
+)
 
 from .conftest import wait_for
 
@@ -33,12 +43,51 @@ def run_readme_and_banner_commands(url: str, token: str, directory: Path) -> Non
     (directory / "examples").symlink_to(ROOT / "examples")  # "from the checkout"
     env = {**os.environ, "POOL_ADMIN_TOKEN": token, "NO_PROXY": "*", "no_proxy": "*"}
     scripts = pasted_commands(url)
-    assert len(scripts) == 8, scripts  # 3 README blocks (one: Several teams), 5 banner commands
+    assert len(scripts) == 9, scripts  # 4 README blocks (queue, files, stream, teams), 5 banner
     for script in scripts:
-        _, sizes = run_pasted(script, directory, env)
+        started = time.monotonic()
+        out, sizes = run_pasted(script, directory, env)
         assert sizes and all(size > 0 for size in sizes), (script, sizes)
+        if '"slow ' in script:  # the queue example: the third call waited its turn
+            waits = sorted(float(m) for m in re.findall(r'"queued_ms": ?([\d.]+)', out))
+            assert len(waits) == 3 and waits[-1] > 1000 and waits[0] < 1000, out
+            assert time.monotonic() - started < 20
     assert (directory / "flipped.png").read_bytes().startswith(b"\x89PNG")
     print(f"\n{len(scripts)} pasted scripts answered; not run: {NOT_RUN}")
+
+
+def run_readme_code_blocks(url: str, pool_spaces: str, directory: Path) -> None:
+    """Every Python and JavaScript block of README.md, as pasted (its comment says how),
+    against this demo: the library's with the demo's POOL_SPACES (as scripts/run prints
+    it), the clients' at the service's URL. A block whose first line says ``not run:``
+    is left out (and named)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("POOL_")}
+    env.update(POOL_SPACES=pool_spaces, POOL_COORDINATOR_URL="memory://", NO_PROXY="*",
+               no_proxy="*")  # fmt: skip
+    skipped, failed = [], []
+    for block in readme_blocks("python"):
+        if (why := not_run(block)) is not None:
+            skipped.append(why)
+            continue
+        try:  # every block is run; the failures are reported together
+            run_python_block(block, url, directory, env)
+        except AssertionError as exc:
+            failed.append(str(exc))
+    reason = js_runnable()
+    if reason is not None and on_ci():
+        pytest.fail(f"the README's JS blocks cannot run: {reason}")
+    for block in readme_blocks("js") if reason is None else []:
+        if (why := not_run(block)) is not None:
+            skipped.append(why)
+            continue
+        try:
+            out = run_js_block(block, url, directory, env)
+            assert "/gradio/pic/" in out and "heard 'hello'" in out, out
+        except AssertionError as exc:
+            failed.append(str(exc))
+    assert not failed, "\n\n".join(failed)
+    assert (directory / "out").is_dir(), "the library's download_to= folder"
+    print(f"README code blocks run; not run: {skipped or 'none'}; JS: {reason or 'run'}")
 
 
 @pytest.mark.timeout(300)
@@ -114,6 +163,7 @@ def test_python_m_app_starts_demo_spaces_serves_and_stops_cleanly(tmp_path: Path
         assert stats.status_code == 200 and set(stats.json()["pools"]) == set(DEMO_SPACES)
 
         run_readme_and_banner_commands(url, token.group(1), tmp_path)
+        run_readme_code_blocks(url, spaces.group(1), tmp_path)
 
         started = time.monotonic()
         proc.send_signal(signal.SIGINT)
