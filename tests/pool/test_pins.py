@@ -18,7 +18,7 @@ import pytest
 
 from devspaces import SpaceProcess
 from pool import Pool, PoolSettings
-from tests.admission.conftest import STORES, make_url
+from tests.admission.conftest import make_url
 
 USERS = 5
 CALLS = 8  # per user, all at once
@@ -95,13 +95,18 @@ async def warm(pool: Pool, spaces: list[SpaceProcess]) -> None:
     await asyncio.gather(*(pool.predict("/echo", "warm", 0, space=s.name) for s in spaces))
 
 
-@pytest.fixture(params=STORES)
+# Both fleet sizes on the memory store; each shared store at one of them (its share of
+# the suite's time: each case is four to six runs of 40 calls).
+CASES = [("memory", 2), ("memory", 3), ("sqlite", 2), ("redis", 3)]
+
+
+@pytest.fixture
 def url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
-    """A fresh admission store of each kind."""
+    """A fresh admission store of the kind named by the case."""
     yield from make_url(request.param, tmp_path, "pins")
 
 
-@pytest.mark.parametrize("replicas", [2, 3])
+@pytest.mark.parametrize(("url", "replicas"), CASES, indirect=["url"])
 async def test_each_user_runs_on_one_replica_in_order_as_fast_as_pinned_ahead(
     three: list[SpaceProcess], url: str, replicas: int
 ) -> None:
@@ -156,3 +161,29 @@ async def test_a_pin_is_kept_in_the_coordinator_for_every_process(
             assert again.space == done.space, "the pin holds in every process"
     finally:
         await asyncio.gather(first.aclose(), second.aclose())
+
+
+async def test_only_a_failover_moves_a_pin(three: list[SpaceProcess]) -> None:
+    """A user pinned to one replica stays there while the other is free; when its
+    replica is down the call fails over and the pin moves with it, fleet-wide; the
+    first replica back up does not take the user back."""
+    spaces = three[:2]
+    pool = pins_pool(spaces, "memory://")
+    try:
+        await warm(pool, spaces)
+        first = await pool.predict("/echo", "a", 0, email="moves@example.com")
+        key = pool.hash_user("moves@example.com")
+        assert key is not None and await pool.router.pinned(key) == first.space
+        other = next(s.name for s in spaces if s.name != first.space)
+        for i in range(3):
+            again = await pool.predict("/echo", f"b{i}", 0, email="moves@example.com")
+            assert again.space == first.space, "an ordinary grant never moves the pin"
+        pool.spaces[first.space].mark_down("connect", 0.5)  # as the health check does
+        moved = await pool.predict("/echo", "c", 0, email="moves@example.com")
+        assert moved.space == other and await pool.router.pinned(key) == other
+        await asyncio.sleep(0.6)  # the first replica is up again
+        assert pool.spaces[first.space].is_up()
+        back = await pool.predict("/echo", "d", 0, email="moves@example.com")
+        assert back.space == other, "the pin stays where the failover moved it"
+    finally:
+        await pool.aclose()
