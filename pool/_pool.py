@@ -242,7 +242,9 @@ class Pool:
         quiet_gradio_env()
         s = self.settings
         if self._coordinator is None:
-            self._coordinator = open_coordinator(s.coordinator_url, lease_ttl_s=s.lease_ttl_s)
+            self._coordinator = open_coordinator(
+                s.coordinator_url, lease_ttl_s=s.lease_ttl_s, clock=self.clock.now
+            )
         coordinator = self._coordinator
         await coordinator.set_limits({
             GLOBAL_RESOURCE: s.global_max_concurrent,

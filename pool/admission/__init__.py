@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from ._memory import MemoryCoordinator
 from ._protocol import AdmissionSnapshot, Coordinator, Lease, WaitTicket
 from ._rule import (
@@ -16,11 +18,15 @@ from ._rule import (
 from ._values import SharedValues
 
 
-def open_coordinator(url: str, *, lease_ttl_s: float = 15.0) -> Coordinator:
-    """The store named by ``url``: ``memory://``, ``sqlite:///path`` or ``redis://…``."""
+def open_coordinator(
+    url: str, *, lease_ttl_s: float = 15.0, clock: Callable[[], float] | None = None
+) -> Coordinator:
+    """The store named by ``url``: ``memory://``, ``sqlite:///path`` or ``redis://…``.
+    ``clock``: the memory store's clock for its values' TTLs (a pool's, which tests may
+    drive); the shared stores keep time on their own clock."""
     scheme = url.split(":", 1)[0].lower()
     if scheme == "memory":
-        return MemoryCoordinator()
+        return MemoryCoordinator() if clock is None else MemoryCoordinator(clock=clock)
     if scheme == "sqlite":
         from ._sqlite import SQLiteCoordinator
 

@@ -15,7 +15,7 @@ import itertools
 import os
 import time
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from .._exceptions import BusyError, MisuseError, PoolClosedError
 from ._protocol import AdmissionSnapshot, Lease, WaitTicket
@@ -57,14 +57,15 @@ class MemoryCoordinator:
 
     store = "memory"
 
-    def __init__(self) -> None:
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        """``clock``: its values' clock (TTLs)."""
         self._limits: dict[str, int] = {}
         self._held: dict[str, int] = {}
         self._leases: dict[str, Lease] = {}
         self._waiters: OrderedDict[str, _Waiter] = OrderedDict()
         self._mean_hold_s = 1.0
         self._secret = os.urandom(32)
-        self.values = MemoryValues()
+        self.values = MemoryValues(clock)
         self._keys = itertools.count(1)  # waiter and lease ids: unique in this process
         # The waiters by (lane, class), each in arrival (= rank) order: plan_grants'
         # lanes, so that a hand-off does not read the waiters a full Space blocks.

@@ -26,11 +26,11 @@ async def test_unreachable_space_fails_over_after_retries(clean_fleet: SpaceFlee
         await pool.start()
         # Force the dead Space first: a user pinned there is moved.
         user = "pinned@example.com"
-        pool.router._pins[pool.hash_user(user) or ""] = "dead"
+        await pool.router.claim(pool.hash_user(user) or "", "dead")
         async with pool.client(user) as client:
             assert client.space in ("alpha", "beta")
             assert await client.predict("x", 0, api_name="/echo") == f"{client.space}:x"
-        assert pool.router.pinned(pool.hash_user(user) or "") == client.space
+        assert await pool.router.pinned(pool.hash_user(user) or "") == client.space
         stats = await pool.stats()
         assert stats["pools"]["dead"]["up"] is False
         assert stats["pools"]["dead"]["lastError"] == "connect"

@@ -92,7 +92,7 @@ async def test_connection_opens_are_retried_by_the_policy_then_fail_over(
     try:
         await pool.start()
         user = "pinned@example.com"
-        pool.router._pins[pool.hash_user(user) or ""] = "dead"
+        await pool.router.claim(pool.hash_user(user) or "", "dead")
         done = await pool.predict("/echo", "x", 0, email=user)
         assert done.space in ("alpha", "beta") and done.result == f"{done.space}:x"
         assert opened[dead] == 3
@@ -124,7 +124,7 @@ async def test_a_space_killed_between_calls_is_failed_over_and_counted_once(
             doomed["f1"].kill(signal.SIGKILL)
             events.clear()
             user = "pinned@example.com"
-            pool.router._pins[pool.hash_user(user) or ""] = "f1"  # f1 is tried first
+            await pool.router.claim(pool.hash_user(user) or "", "f1")  # f1 is tried first
             done = await pool.predict("/echo", "x", 0, email=user, safe_to_retry=True)
             assert (done.space, done.result, done.attempts) == ("f2", "alpha:x", 2)
             on_f1 = Counter(e.kind for e in events if e.space == "f1")

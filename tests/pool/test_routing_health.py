@@ -39,7 +39,7 @@ async def test_users_stick_until_ttl_and_new_users_alternate(
     await clock.advance(made_after + 3599 - clock.now())  # 1 s (at least) before the TTL
     assert await _space_for(pool, "new0@example.com") == firsts[0]
     await clock.advance(pinned_by + 3601 - clock.now())  # 1 s (at least) after it
-    assert pool.router.pinned(pool.hash_user("new0@example.com") or "") is None
+    assert await pool.router.pinned(pool.hash_user("new0@example.com") or "") is None
     assert await _space_for(pool, "someone-else@example.com") == firsts[0]
     assert await _space_for(pool, "new0@example.com") == firsts[1]
 
@@ -73,7 +73,7 @@ async def test_unhealthy_pinned_space_moves_the_user(
     pool.spaces[first].mark_down("connect", 60)
     second = await _space_for(pool, "mover@example.com")
     assert second != first
-    assert pool.router.pinned(pool.hash_user("mover@example.com") or "") == second
+    assert await pool.router.pinned(pool.hash_user("mover@example.com") or "") == second
     pool.spaces[second].mark_down("connect", 60)
     try:
         await _space_for(pool, "mover@example.com")
