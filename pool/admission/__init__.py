@@ -13,11 +13,26 @@ from ._rule import (
     SPACE_PREFIX,
     plan_grants,
 )
+from ._store_layout import StoreRefused
 from ._values import SharedValues
 
+_REDIS_SCHEMES = {
+    "redis", "rediss", "unix", "redis+cluster", "rediss+cluster", "redis+sentinel",
+    "rediss+sentinel",
+}  # fmt: skip
 
-def open_coordinator(url: str, *, lease_ttl_s: float = 15.0) -> Coordinator:
-    """The store named by ``url``: ``memory://``, ``sqlite:///path`` or ``redis://…``."""
+
+def open_coordinator(
+    url: str,
+    *,
+    lease_ttl_s: float = 15.0,
+    ca_file: str | None = None,
+    allow_evicting_store: bool = False,
+) -> Coordinator:
+    """The store named by ``url``: ``memory://``, ``sqlite:///path`` or Redis:
+    ``redis://…``, ``rediss://…`` (TLS; ``ca_file``: its certificate authority),
+    ``redis+cluster://host:port[,host:port]/``, ``redis+sentinel://host:port[,…]/service/db``
+    (docs/leases.md, Stores)."""
     scheme = url.split(":", 1)[0].lower()
     if scheme == "memory":
         return MemoryCoordinator()
@@ -25,10 +40,13 @@ def open_coordinator(url: str, *, lease_ttl_s: float = 15.0) -> Coordinator:
         from ._sqlite import SQLiteCoordinator
 
         return SQLiteCoordinator(url, lease_ttl_s=lease_ttl_s)
-    if scheme in {"redis", "rediss"}:
+    if scheme in _REDIS_SCHEMES:
         from ._redis import RedisCoordinator
 
-        return RedisCoordinator(url, lease_ttl_s=lease_ttl_s)
+        return RedisCoordinator(
+            url, lease_ttl_s=lease_ttl_s, ca_file=ca_file,
+            allow_evicting_store=allow_evicting_store,
+        )  # fmt: skip
     raise ValueError(f"unsupported POOL_COORDINATOR_URL scheme {scheme!r}")
 
 
@@ -44,6 +62,7 @@ __all__ = [
     "Lease",
     "MemoryCoordinator",
     "SharedValues",
+    "StoreRefused",
     "WaitTicket",
     "open_coordinator",
     "plan_grants",
