@@ -38,7 +38,7 @@ from urllib.parse import unquote, urlsplit
 
 from redis.asyncio import Redis
 from redis.asyncio.cluster import ClusterNode, RedisCluster
-from redis.asyncio.connection import Connection
+from redis.asyncio.connection import Connection, SSLConnection
 from redis.asyncio.retry import Retry
 from redis.asyncio.sentinel import (
     Sentinel,
@@ -63,6 +63,10 @@ class _ResetMixin:
 
 class ResetOnClose(_ResetMixin, Connection):
     """A TCP connection to Redis whose close discards anything still unsent."""
+
+
+class _ResetOnCloseTLS(_ResetMixin, SSLConnection):
+    """The same, over TLS."""
 
 
 class _SentinelResetOnClose(_ResetMixin, SentinelManagedConnection):
@@ -151,11 +155,16 @@ def open_client(
     }
     tls: dict[str, Any] = {"ssl_ca_certs": ca_file} if ca_file else {}
     if target.kind == "single":
-        # A redis:// or rediss:// URL's connections are reset when abandoned (a
-        # unix:// URL names its own class, which wins).
-        client = Redis.from_url(
-            target.url, connection_class=ResetOnClose, **common, **(tls if target.tls else {})
-        )
+        # A redis:// or rediss:// URL's connections are reset when abandoned. The class
+        # given here wins over the URL's: a rediss:// URL needs the TLS one.
+        scheme = urlsplit(target.url).scheme.lower()
+        if scheme == "unix":
+            client = Redis.from_url(target.url, **common)
+        else:
+            cls = _ResetOnCloseTLS if target.tls else ResetOnClose
+            client = Redis.from_url(
+                target.url, connection_class=cls, **common, **(tls if target.tls else {})
+            )
         return client, client.aclose
     auth: dict[str, Any] = {"username": target.username, "password": target.password}
     if target.kind == "cluster":
@@ -169,8 +178,8 @@ def open_client(
         sentinel_kwargs={"socket_timeout": timeout_s, "socket_connect_timeout": timeout_s},
         socket_timeout=timeout_s,
     )
-    cls = _SentinelResetOnCloseTLS if target.tls else _SentinelResetOnClose
-    kwargs = {**common, **auth, "db": target.db, "connection_class": cls}
+    managed = _SentinelResetOnCloseTLS if target.tls else _SentinelResetOnClose
+    kwargs = {**common, **auth, "db": target.db, "connection_class": managed}
     if target.tls:
         kwargs.update(tls)
     master: Redis = sentinel.master_for(target.service, redis_class=Redis, **kwargs)

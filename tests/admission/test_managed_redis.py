@@ -1,0 +1,349 @@
+"""Managed Redis: a Redis Cluster, a Sentinel failover under load, TLS; the layout's
+version and an evicting Redis refused at start (issue 39, items 3 and 7).
+
+Each test starts its own redis-server processes on free loopback ports
+(:mod:`tests.admission._managed_redis`), removed at the end whatever happens.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import sqlite3
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import redis
+
+from pool import BusyError
+from pool._settings import PoolSettings
+from pool.admission import Coordinator, Lease, StoreRefused, open_coordinator
+from pool.admission._store_layout import REDIS_LAYOUT, SQLITE_LAYOUT
+from tests.admission._managed_redis import (
+    Servers,
+    make_tls,
+    require_redis_server,
+    slot_owner,
+    start_cluster,
+    start_sentinels,
+)
+from tests.admission.conftest import REDIS_URL, drop_prefix, require_redis
+
+TTL_S = 3.0
+# The safety poll is put out of reach: a grant another process makes arrives by pub/sub.
+NO_POLL = "poll_ms=60000"
+
+
+@pytest.fixture
+def servers() -> Iterator[Servers]:
+    """redis-server processes of this test, killed (and their directory removed) after it."""
+    require_redis_server()
+    with Servers() as group:
+        yield group
+
+
+async def _handoff(first: Coordinator, second: Coordinator) -> float:
+    """``first`` holds the one slot, ``second`` waits; the release reaches ``second``
+    (by the store's push: no poll): seconds from the release to its grant."""
+    await first.set_limits({"space:a": 1})
+    lease = await _first_lease(first)
+    waiting = asyncio.create_task(second.acquire(["space:a"], timeout=10))
+    await asyncio.sleep(0.3)  # queued behind the holder (nothing to order: a wait for state)
+    assert not waiting.done()
+    released = time.monotonic()
+    await first.release(lease)
+    other = await waiting
+    took = time.monotonic() - released
+    await second.release(other)
+    return took
+
+
+async def _first_lease(coord: Coordinator) -> Lease:
+    """A server younger than one TTL admits nothing (the quarantine); with the poll out
+    of reach, each new try runs the pass that ends it."""
+    deadline = time.monotonic() + 3 * TTL_S
+    while True:
+        try:
+            return await coord.acquire(["space:a"], timeout=0.25)
+        except BusyError:
+            assert time.monotonic() < deadline, "still nothing admitted"
+
+
+async def _closing(*coordinators: Coordinator) -> None:
+    for coordinator in coordinators:
+        await coordinator.aclose()
+
+
+async def test_cluster_admits_through_any_node_and_pushes_grants(servers: Servers) -> None:
+    """On a 3-master cluster, named by a node that does not own the store's slot, two
+    processes hand a slot over by pub/sub, values are watched, and a plain redis://
+    URL to a node is refused with one line."""
+    ports = start_cluster(servers)
+    owner = slot_owner(ports, "{spacepool:}meta")
+    elsewhere = next(p for p in ports if p != owner)
+    url = f"redis+cluster://127.0.0.1:{elsewhere}/?{NO_POLL}&timeout_ms=5000"
+    a = open_coordinator(url, lease_ttl_s=TTL_S)
+    b = open_coordinator(url, lease_ttl_s=TTL_S)
+    try:
+        took = await _handoff(a, b)
+        assert took < 2.0, f"the grant took {took:.2f} s: not pushed"
+        async with b.values.watch("job:x") as changed:
+            while await changed.wait(0.2):  # a first wake-up may be spurious
+                pass
+            await a.values.put("job:x", "v", ttl_s=30)
+            assert await changed.wait(5.0)
+        assert await b.values.get("job:x") == "v"
+        with redis.Redis(port=owner, decode_responses=True) as r:  # every key in one slot
+            keys = r.keys("{spacepool:}*")
+            assert "{spacepool:}meta" in keys and "{spacepool:}values:job:" in keys
+            assert r.get("{spacepool:}layout") == str(REDIS_LAYOUT)
+        for port in ports:
+            if port != owner:
+                with redis.Redis(port=port) as r:
+                    assert r.dbsize() == 0
+    finally:
+        await _closing(a, b)
+    plain = open_coordinator(f"redis://127.0.0.1:{owner}/0", lease_ttl_s=TTL_S)
+    try:
+        with pytest.raises(StoreRefused, match=r"redis\+cluster://") as refused:
+            await plain.set_limits({"space:a": 1})
+        assert "\n" not in str(refused.value)
+    finally:
+        await plain.aclose()
+
+
+async def test_tls_with_a_certificate_authority(servers: Servers) -> None:
+    """``rediss://`` with the CA of POOL_COORDINATOR_CA_FILE admits and pushes; without
+    that CA the server's certificate is not trusted: a typed 503, never a grant."""
+    tls = make_tls(servers.dir)
+    port = servers.start("--port", "0", "--tls-port", str(free := _free()),
+                         "--tls-cert-file", tls["cert"], "--tls-key-file", tls["key"],
+                         "--tls-ca-cert-file", tls["ca"], "--tls-auth-clients", "no",
+                         port=free)  # fmt: skip
+    servers.wait_ping(port, ca=tls["ca"])
+    url = f"rediss://127.0.0.1:{port}/0?{NO_POLL}&timeout_ms=5000"
+    a = open_coordinator(url, lease_ttl_s=TTL_S, ca_file=tls["ca"])
+    b = open_coordinator(url, lease_ttl_s=TTL_S, ca_file=tls["ca"])
+    untrusted = open_coordinator(url, lease_ttl_s=TTL_S)
+    try:
+        assert await _handoff(a, b) < 2.0
+        with pytest.raises(BusyError) as busy:
+            await untrusted.set_limits({"space:a": 1})
+        assert busy.value.reason == "coordinator_unavailable"
+    finally:
+        await _closing(a, b, untrusted)
+
+
+def test_ca_file_setting(monkeypatch: pytest.MonkeyPatch) -> None:
+    """POOL_COORDINATOR_CA_FILE and POOL_ALLOW_EVICTING_STORE are settings."""
+    monkeypatch.setenv("POOL_COORDINATOR_CA_FILE", "/etc/ssl/our-ca.pem")
+    monkeypatch.setenv("POOL_ALLOW_EVICTING_STORE", "true")
+    settings = PoolSettings()
+    assert settings.coordinator_ca_file == "/etc/ssl/our-ca.pem"
+    assert settings.allow_evicting_store is True
+
+
+def _free() -> int:
+    from devspaces import free_port
+
+    return free_port()
+
+
+class _Space:
+    """A stand-in for the Space's side: counts the calls running at once, and how
+    long the count stayed above the cap."""
+
+    def __init__(self, cap: int) -> None:
+        self.cap = cap
+        self.running = 0
+        self.peak = 0
+        self.over_s = 0.0
+        self._over_since: float | None = None
+
+    def enter(self) -> None:
+        self.running += 1
+        self.peak = max(self.peak, self.running)
+        if self.running > self.cap and self._over_since is None:
+            self._over_since = time.monotonic()
+
+    def leave(self) -> None:
+        self.running -= 1
+        if self.running <= self.cap and self._over_since is not None:
+            self.over_s += time.monotonic() - self._over_since
+            self._over_since = None
+
+
+async def test_sentinel_failover_under_load(servers: Servers) -> None:
+    """The master SIGKILLed under load: admission resumes within 10 s of the promotion,
+    every call ends granted or with a typed 503 within its deadline, and any overrun of
+    the cap lasts at most TTL/3 (docs/leases.md, a lagging replica)."""
+    master, replica, sentinels = start_sentinels(servers, "svc")
+    # The URL names a sentinel that is not running first: the next one answers.
+    hosts = ",".join(f"127.0.0.1:{p}" for p in [_free(), *sentinels])
+    url = f"redis+sentinel://{hosts}/svc/0?timeout_ms=1000"
+    cap, callers, queue_timeout = 3, 5, 2.0
+    space = _Space(cap)
+    coords = [open_coordinator(url, lease_ttl_s=TTL_S) for _ in range(2)]
+    outcomes: dict[str, int] = {}
+    granted_at: list[float] = []
+    stop = asyncio.Event()
+    tasks: list[asyncio.Task[None]] = []
+
+    async def caller(coord: Coordinator) -> None:
+        while not stop.is_set():
+            try:
+                async with asyncio.timeout(queue_timeout + 5):  # a stuck waiter fails here
+                    try:
+                        lease = await coord.acquire(["space:s"], timeout=queue_timeout)
+                    except BusyError as exc:
+                        outcomes[exc.reason] = outcomes.get(exc.reason, 0) + 1
+                        await asyncio.sleep(0.05)
+                        continue
+                    granted_at.append(time.monotonic())
+                    space.enter()
+                    try:
+                        await asyncio.sleep(0.03)
+                    finally:
+                        space.leave()
+                        await coord.release(lease)
+                    outcomes["ok"] = outcomes.get("ok", 0) + 1
+            except TimeoutError:
+                outcomes["stuck"] = outcomes.get("stuck", 0) + 1
+
+    try:
+        for coord in coords:
+            await coord.set_limits({"space:s": cap})
+        tasks = [asyncio.create_task(caller(c)) for c in coords for _ in range(callers)]
+        started = time.monotonic()  # a master younger than one TTL admits nothing yet
+        while len(granted_at) < 20:
+            assert time.monotonic() < started + 3 * TTL_S, f"nothing admitted: {outcomes}"
+            await asyncio.sleep(0.05)
+        killed = time.monotonic()
+        servers.kill(master)
+        promoted = await _wait_promotion(sentinels[0], replica, within_s=15)
+        deadline = promoted + 10
+        while not [t for t in granted_at if t > promoted] and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        after = [t for t in granted_at if t > promoted]
+        assert after, f"nothing admitted within 10 s of the promotion: {outcomes}"
+        resumed = after[0] - promoted
+        await asyncio.sleep(1.0)  # load on the new master
+        stop.set()
+        await asyncio.wait_for(asyncio.gather(*tasks), timeout=queue_timeout + 10)
+    finally:
+        stop.set()
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await _closing(*coords)
+    print(f"sentinel failover: promotion {promoted - killed:.2f} s after the kill, first"
+          f" grant {resumed:.2f} s after it; outcomes {outcomes}; Space peak {space.peak}"
+          f" (cap {cap}), over the cap {space.over_s:.3f} s")  # fmt: skip
+    assert outcomes.get("stuck", 0) == 0, outcomes
+    assert set(outcomes) <= {"ok", "queue_timeout", "coordinator_unavailable"}, outcomes
+    assert space.over_s <= TTL_S / 3, f"over the cap {space.over_s:.2f} s > TTL/3"
+
+
+async def _wait_promotion(sentinel: int, replica: int, *, within_s: float) -> float:
+    """When the sentinel names the replica as the master."""
+    deadline = time.monotonic() + within_s
+    async with redis.asyncio.Redis(port=sentinel, decode_responses=True) as r:
+        while True:
+            host_port = await r.execute_command("SENTINEL", "GET-MASTER-ADDR-BY-NAME", "svc")
+            if host_port and int(host_port[1]) == replica:
+                return time.monotonic()
+            assert time.monotonic() < deadline, "no promotion"
+            await asyncio.sleep(0.05)
+
+
+# -- item 7: the layout's version, eviction ------------------------------------------------
+@pytest.fixture
+def redis_prefix() -> Iterator[str]:
+    """A private prefix on the test Redis, deleted afterwards."""
+    require_redis()
+    prefix = f"spacepool-test:{uuid.uuid4().hex[:12]}:"
+    yield prefix
+    drop_prefix(prefix)
+
+
+async def test_redis_of_another_layout_is_refused(redis_prefix: str) -> None:
+    """A store recorded by another release is refused in one line naming both
+    versions; an unversioned store with state (today's layout) is adopted."""
+    url = f"{REDIS_URL}?prefix={redis_prefix}&timeout_ms=10000"
+    with redis.Redis.from_url(REDIS_URL) as r:
+        r.set(redis_prefix + "layout", str(REDIS_LAYOUT + 1))
+    coord = open_coordinator(url, lease_ttl_s=TTL_S)
+    try:
+        with pytest.raises(StoreRefused) as refused:
+            await coord.set_limits({"space:a": 1})
+        line = str(refused.value)
+        assert "\n" not in line
+        assert f"layout {REDIS_LAYOUT + 1}" in line and f"layout {REDIS_LAYOUT}" in line
+        with pytest.raises(StoreRefused):  # values too: nothing is read or written
+            await coord.values.put("job:a", "v", ttl_s=5)
+    finally:
+        await coord.aclose()
+    with redis.Redis.from_url(REDIS_URL, decode_responses=True) as r:
+        r.delete(redis_prefix + "layout")
+        r.hset(redis_prefix + "meta", "epoch", "older")  # made before versions
+    coord = open_coordinator(url, lease_ttl_s=TTL_S)
+    try:
+        await coord.set_limits({"space:a": 1})
+        await coord.release(await coord.acquire(["space:a"], timeout=5))
+    finally:
+        await coord.aclose()
+    with redis.Redis.from_url(REDIS_URL, decode_responses=True) as r:
+        assert r.get(redis_prefix + "layout") == str(REDIS_LAYOUT)
+
+
+async def test_evicting_redis_refused_or_warned(
+    servers: Servers, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A Redis that may evict keys is refused at start; with POOL_ALLOW_EVICTING_STORE
+    the process starts and says why in one warning."""
+    port = servers.start("--maxmemory", "100mb", "--maxmemory-policy", "allkeys-lru")
+    servers.wait_ping(port)
+    url = f"redis://127.0.0.1:{port}/0?timeout_ms=5000"
+    coord = open_coordinator(url, lease_ttl_s=TTL_S)
+    try:
+        with pytest.raises(StoreRefused, match="allkeys-lru") as refused:
+            await coord.set_limits({"space:a": 1})
+        assert "\n" not in str(refused.value)
+    finally:
+        await coord.aclose()
+    coord = open_coordinator(url, lease_ttl_s=TTL_S, allow_evicting_store=True)
+    try:
+        with caplog.at_level(logging.WARNING, logger="spacepool.admission"):
+            await coord.set_limits({"space:a": 1})
+        assert [r for r in caplog.records if "allkeys-lru" in r.getMessage()]
+        await coord.release(await coord.acquire(["space:a"], timeout=5))
+    finally:
+        await coord.aclose()
+
+
+async def test_sqlite_of_another_layout_is_refused(tmp_path: Path) -> None:
+    """An SQLite file of another layout is refused in one line; an unversioned file
+    with tables (today's layout) is adopted."""
+    path = tmp_path / "other.db"
+    with sqlite3.connect(path) as conn:
+        conn.execute("CREATE TABLE limits (resource TEXT PRIMARY KEY, lim INTEGER NOT NULL)")
+        conn.execute(f"PRAGMA user_version = {SQLITE_LAYOUT + 1}")
+    coord = open_coordinator(f"sqlite:///{path}", lease_ttl_s=TTL_S)
+    try:
+        with pytest.raises(StoreRefused, match=f"layout {SQLITE_LAYOUT + 1}") as refused:
+            await coord.set_limits({"space:a": 1})
+        assert "\n" not in str(refused.value)
+    finally:
+        await coord.aclose()
+    with sqlite3.connect(path) as conn:
+        conn.execute("PRAGMA user_version = 0")  # made before versions
+    coord = open_coordinator(f"sqlite:///{path}", lease_ttl_s=TTL_S)
+    try:
+        await coord.set_limits({"space:a": 1})
+    finally:
+        await coord.aclose()
+    with sqlite3.connect(path) as conn:
+        assert conn.execute("PRAGMA user_version").fetchone()[0] == SQLITE_LAYOUT
