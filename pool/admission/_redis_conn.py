@@ -135,8 +135,8 @@ def cluster_prefix(prefix: str) -> str:
     """``prefix`` with a hash tag, so that every key under it is in one hash slot (a
     script's keys must be). A prefix that has one (``{spacepool}:``) is kept;
     ``spacepool:`` becomes ``{spacepool:}``."""
-    start = prefix.find("{")
-    if start >= 0 and prefix.find("}", start + 2) > start:
+    start = prefix.find("{")  # Redis hashes what is between the first { and the next }
+    if start >= 0 and prefix.find("}", start + 1) > start + 1:
         return prefix
     return "{" + prefix + "}"
 

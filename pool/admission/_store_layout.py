@@ -7,8 +7,9 @@ process that finds another version refuses to start with :class:`StoreRefused` (
 line naming both), instead of mixing its reads and writes with the other's. A store
 made before versions existed (tables or ``<prefix>meta`` present, no version) has
 layout 1, today's. Bump a constant below whenever a change makes the old and the new
-code unable to share a store; docs/leases.md ("Upgrades") says how to move a live
-store across it.
+code unable to share a store, and with it give the step that migrates a drained store
+of the previous version (where the check below meets it); docs/leases.md ("Upgrades")
+says how an operator moves a live fleet across it.
 
 A Redis that evicts keys under memory pressure (``maxmemory-policy`` other than
 ``noeviction``, with a ``maxmemory``) can drop a lease or a waiter: the cap no longer

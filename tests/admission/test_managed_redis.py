@@ -21,6 +21,7 @@ import redis
 from pool import BusyError
 from pool._settings import PoolSettings
 from pool.admission import Coordinator, Lease, StoreRefused, open_coordinator
+from pool.admission._redis_conn import cluster_prefix, parse_target
 from pool.admission._store_layout import REDIS_LAYOUT, SQLITE_LAYOUT
 from tests.admission._managed_redis import (
     Servers,
@@ -135,6 +136,32 @@ async def test_tls_with_a_certificate_authority(servers: Servers) -> None:
         assert busy.value.reason == "coordinator_unavailable"
     finally:
         await _closing(a, b, untrusted)
+
+
+def test_url_forms() -> None:
+    """The URL forms of docs/leases.md (Stores) are read as documented; a malformed
+    one is refused at construction with the form to write."""
+    cluster = parse_target("rediss+cluster://u:p%40w@a:7000,b:7001/")
+    assert (cluster.kind, cluster.tls, cluster.nodes) == (
+        "cluster",
+        True,
+        (("a", 7000), ("b", 7001)),
+    )
+    assert (cluster.username, cluster.password, cluster.where) == ("u", "p@w", "a:7000,b:7001")
+    sentinel = parse_target("redis+sentinel://s1:26379,s2:26380/mymaster/2")
+    assert (sentinel.kind, sentinel.service, sentinel.db, sentinel.tls) == (
+        "sentinel",
+        "mymaster",
+        2,
+        False,
+    )
+    assert parse_target("rediss://:pw@h:6380/0").kind == "single"
+    for bad in ("redis+sentinel://s1:26379/", "redis+cluster://a:1/3", "redis+other://a:1/"):
+        with pytest.raises(ValueError):
+            parse_target(bad)
+    assert cluster_prefix("spacepool:") == "{spacepool:}"
+    assert cluster_prefix("{team-a}:") == "{team-a}:"
+    assert cluster_prefix("x{}y}:") == "{x{}y}:}"  # an empty tag hashes the whole key
 
 
 def test_ca_file_setting(monkeypatch: pytest.MonkeyPatch) -> None:
