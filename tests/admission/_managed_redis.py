@@ -134,7 +134,8 @@ def start_sentinels(servers: Servers, service: str, count: int = 3) -> tuple[int
         conf = (
             f"port {port}\nsentinel monitor {service} 127.0.0.1 {master} 2\n"
             f"sentinel down-after-milliseconds {service} 1000\n"
-            f"sentinel failover-timeout {service} 5000\n"
+            f"sentinel failover-timeout {service} 2000\n"  # a failed election: again in 4 s
+            f"logfile {servers.dir / f'sentinel-{port}.log'}\n"
         )
         sentinels.append(servers.start("--sentinel", port=port, conf=conf))
     deadline = time.monotonic() + 20
@@ -146,6 +147,14 @@ def start_sentinels(servers: Servers, service: str, count: int = 3) -> tuple[int
                 assert time.monotonic() < deadline, "the sentinels did not meet"
                 time.sleep(0.1)
     return master, replica, sentinels
+
+
+def sentinel_logs(servers: Servers) -> str:
+    """The sentinels' logs, last lines (for a failure's message)."""
+    return "\n".join(
+        line for log in sorted(servers.dir.glob("sentinel-*.log"))
+        for line in log.read_text(errors="replace").splitlines()[-15:]
+    )  # fmt: skip
 
 
 def make_tls(where: Path) -> dict[str, str]:
