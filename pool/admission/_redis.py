@@ -94,7 +94,7 @@ import hashlib
 import json
 import logging
 import secrets
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from typing import Any, cast
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
@@ -104,7 +104,7 @@ from redis.exceptions import NoScriptError, ResponseError
 from ._lease_keeper import LocalEntries, SharedCoordinator, StoreView, Withdrawn
 from ._lua import load_script
 from ._protocol import AdmissionSnapshot, StoreUnavailable, new_id
-from ._redis_conn import Client, cluster_prefix, open_client, parse_target
+from ._redis_conn import Client, Target, cluster_prefix, open_client, parse_target
 from ._redis_values import UNREACHABLE as _UNREACHABLE
 from ._redis_values import RedisValues, listen
 from ._rule import INTERACTIVE, RANK
@@ -148,8 +148,13 @@ class RedisCoordinator(SharedCoordinator):
             ca_file=ca_file,
             allow_evicting_store=allow_evicting_store,
         )
-        self.prefix = store.prefix  # with its hash tag on a cluster
+        self._store = store
         super().__init__(store, lease_ttl_s=lease_ttl_s)
+
+    @property
+    def prefix(self) -> str:
+        """The keys' prefix (with its hash tag on a cluster)."""
+        return self._store.prefix
 
 
 def _parse_url(url: str) -> tuple[str, str, float, float]:
@@ -185,16 +190,15 @@ class _RedisStore:
     ) -> None:
         self.poll_interval_s = poll_interval_s
         target = parse_target(url)
+        self._target = target
         self._where = target.where
         self._owner = owner
         self._ttl_ms = max(1, round(lease_ttl_s * 1000))
+        self._timeout_s, self._lease_ttl_s, self._ca_file = timeout_s, lease_ttl_s, ca_file
         self._client: Client
-        self._client, self._close_client = open_client(
-            target, timeout_s=timeout_s, lease_ttl_s=lease_ttl_s, ca_file=ca_file
-        )
+        self._client, self._close_client = self._open(target)
         self._cluster = target.kind == "cluster"
-        # The one place the key prefix is decided: every key and channel is under it.
-        self.prefix = prefix = cluster_prefix(prefix) if self._cluster else prefix
+        self._given_prefix = prefix
         self._allow_evicting = allow_evicting_store
         self._checked = False
         self._refused: StoreRefused | None = None
@@ -202,8 +206,7 @@ class _RedisStore:
         self._sha = hashlib.sha1(_SCRIPT.encode()).hexdigest()
         self._batch: list[tuple[list[str | int | float], asyncio.Future[list[Any]]]] = []
         self._flushes: set[asyncio.Task[None]] = set()
-        self._keys = [prefix + k for k in _KEYS]
-        self._channels = prefix + "grants:"
+        self._use_prefix()
         self._epoch = ""
         self._restoring = False
         self._lost_contact = False  # we may have missed an epoch while Redis was away
@@ -212,9 +215,20 @@ class _RedisStore:
         self._local: LocalEntries | None = None
         self._closed = False
         self.values = RedisValues(
-            self._client, prefix, where=self._where, closed=lambda: self._closed,
+            self._client, self.prefix, where=self._where, closed=lambda: self._closed,
             ready=self._check,
         )  # fmt: skip
+
+    def _open(self, target: Target) -> tuple[Client, Callable[[], Awaitable[None]]]:
+        return open_client(target, timeout_s=self._timeout_s, lease_ttl_s=self._lease_ttl_s,
+                           ca_file=self._ca_file)  # fmt: skip
+
+    def _use_prefix(self) -> None:
+        """The one place the key prefix is decided: every key and channel is under it."""
+        given = self._given_prefix
+        self.prefix = cluster_prefix(given) if self._cluster else given
+        self._keys = [self.prefix + k for k in _KEYS]
+        self._channels = self.prefix + "grants:"
 
     def attach(self, local: LocalEntries) -> None:
         self._local = local
@@ -330,14 +344,11 @@ class _RedisStore:
             self._checked = True
 
     async def _check_once(self) -> None:
-        where = f"redis {self._where} (prefix {self.prefix!r})"
-        if not self._cluster:
+        if not self._cluster and self._target.kind == "single":
             cluster = await self._client.info("cluster")
             if int(cluster.get("cluster_enabled", 0) or 0):
-                raise StoreRefused(
-                    f"redis {self._where} is a Redis Cluster node: name the cluster as"
-                    " POOL_COORDINATOR_URL=redis+cluster://host:port[,host:port]/"
-                )
+                await self._become_cluster()
+        where = f"redis {self._where} (prefix {self.prefix!r})"
         if isinstance(self._client, RedisCluster):
             by_node = await self._client.info("memory", target_nodes=RedisCluster.PRIMARIES)
             infos = [i for i in by_node.values() if isinstance(i, dict)]
@@ -345,6 +356,26 @@ class _RedisStore:
             infos = [await self._client.info("memory")]
         report_eviction(eviction_problem(infos, where), allow=self._allow_evicting)
         await self._claim_layout(claim=False)
+
+    async def _become_cluster(self) -> None:
+        """A plain URL names a Redis Cluster node: go on with the cluster client, started
+        from that node, and a prefix in one hash slot (before anything else is sent)."""
+        parts = urlsplit(self._target.url)
+        if parts.hostname is None:  # unix://
+            raise StoreRefused(f"redis {self._where}: a cluster node, use redis+cluster://")
+        cluster = Target(
+            "cluster", self._target.url, self._where, tls=self._target.tls,
+            nodes=((parts.hostname, parts.port or 6379),), username=parts.username,
+            password=parts.password,
+        )  # fmt: skip
+        old_close = self._close_client
+        self._client, self._close_client = self._open(cluster)
+        await old_close()
+        self._cluster = True
+        self._use_prefix()
+        self.values.rebind(self._client, self.prefix)
+        _log.info("redis %s is a Redis Cluster node: using the cluster client, keys under %r",
+                  self._where, self.prefix)  # fmt: skip
 
     async def _claim_layout(self, *, claim: bool) -> None:
         """Read the store's layout version, recording ours where it has none (with
@@ -476,6 +507,16 @@ class _RedisStore:
         self, on_grant: Callable[[Iterable[str]], None], on_resume: Callable[[], None]
     ) -> None:
         """The one grant subscriber of this process; reconnects by itself, forever."""
+        failures = 0
+        while True:  # on the client and channel the first call's checks settle
+            try:
+                await self._check()
+                break
+            except StoreUnavailable:
+                failures += 1
+                await asyncio.sleep(min(1.0, 0.05 * 2**failures))
+            except StoreRefused:
+                return  # every call of this process says why
         await listen(
             self._client, self._channels + self._owner, lambda data: on_grant(data.split(",")),
             on_resume, where=self._where,

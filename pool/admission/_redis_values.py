@@ -128,10 +128,21 @@ class RedisValues:
     def watch(self, key: str) -> AbstractAsyncContextManager[Changed]:
         return self._watchers.watch(key)
 
+    def rebind(self, client: Client, prefix: str) -> None:
+        """Use ``client`` and ``prefix`` from now on (the store found a cluster behind a
+        plain URL at its first call, before any value was read or watched)."""
+        self._client, self._prefix = client, prefix
+        self._script = client.register_script(_SCRIPT)
+
     async def _ready(self) -> None:
         """Start the subscriber if need be; wait (bounded) until it is subscribed."""
         if self._closed():
             return
+        if self._ready_store is not None:
+            try:  # the subscriber starts on the client and prefix the checks settled
+                await self._ready_store()
+            except StoreUnavailable:
+                return  # not yet: the next watch tries again
         if self._listener is None or self._listener.done():
             self._listener = asyncio.get_running_loop().create_task(
                 listen(self._client, self._prefix + "changed", self._watchers.notify,

@@ -80,8 +80,8 @@ async def _closing(*coordinators: Coordinator) -> None:
 
 async def test_cluster_admits_through_any_node_and_pushes_grants(servers: Servers) -> None:
     """On a 3-master cluster, named by a node that does not own the store's slot, two
-    processes hand a slot over by pub/sub, values are watched, and a plain redis://
-    URL to a node is refused with one line."""
+    processes hand a slot over by pub/sub, values are watched, many calls go at once,
+    flushed scripts are loaded again; a plain redis:// URL to a node works too."""
     ports = start_cluster(servers)
     owner = slot_owner(ports, "{spacepool:}meta")
     elsewhere = next(p for p in ports if p != owner)
@@ -97,6 +97,14 @@ async def test_cluster_admits_through_any_node_and_pushes_grants(servers: Server
             await a.values.put("job:x", "v", ttl_s=30)
             assert await changed.wait(5.0)
         assert await b.values.get("job:x") == "v"
+        # 40 at once: more than one script run, so a pipeline through the cluster client;
+        # then the scripts flushed on the slot's master: loaded again, and on we go.
+        await a.set_limits({"space:many": 40})
+        leases = await asyncio.gather(*(a.acquire(["space:many"], timeout=5) for _ in range(40)))
+        await asyncio.gather(*(a.release(lease) for lease in leases))
+        with redis.Redis(port=owner) as r:
+            r.script_flush()
+        await a.release(await a.acquire(["space:many"], timeout=5))
         with redis.Redis(port=owner, decode_responses=True) as r:  # every key in one slot
             keys = r.keys("{spacepool:}*")
             assert "{spacepool:}meta" in keys and "{spacepool:}values:job:" in keys
@@ -107,13 +115,15 @@ async def test_cluster_admits_through_any_node_and_pushes_grants(servers: Server
                     assert r.dbsize() == 0
     finally:
         await _closing(a, b)
-    plain = open_coordinator(f"redis://127.0.0.1:{owner}/0", lease_ttl_s=TTL_S)
+    # A plain URL naming a node that does not own the slot: the cluster is detected at
+    # the first call, and the cluster client and the tagged prefix are used.
+    plain = f"redis://127.0.0.1:{elsewhere}/0?{NO_POLL}&timeout_ms=5000"
+    a, b = (open_coordinator(plain, lease_ttl_s=TTL_S) for _ in range(2))
     try:
-        with pytest.raises(StoreRefused, match=r"redis\+cluster://") as refused:
-            await plain.set_limits({"space:a": 1})
-        assert "\n" not in str(refused.value)
+        assert await _handoff(a, b) < 2.0
+        assert a.prefix == "{spacepool:}"  # type: ignore[attr-defined]
     finally:
-        await plain.aclose()
+        await _closing(a, b)
 
 
 async def test_tls_with_a_certificate_authority(servers: Servers) -> None:
