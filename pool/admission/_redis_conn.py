@@ -5,7 +5,8 @@ URL forms (``POOL_COORDINATOR_URL``; our own query options, such as ``prefix``, 
 removed before this module sees the URL):
 
 * ``redis://[user:password@]host:port/db``, ``rediss://…`` (TLS), ``unix://…``: one
-  server, ``redis.asyncio.Redis``.
+  server, ``redis.asyncio.Redis`` (a cluster node behind such a URL is found by the
+  store's first call, which goes on with the cluster client).
 * ``redis+cluster://[user:password@]host:port[,host:port]/`` (``rediss+cluster://``:
   TLS): a Redis Cluster, ``redis.asyncio.cluster.RedisCluster``, started from any of
   the nodes named. Every key of the store shares one hash slot: the key prefix carries
