@@ -388,7 +388,8 @@ class _RedisStore:
             )  # fmt: skip
         except _UNREACHABLE as exc:
             raise StoreUnavailable(f"redis {self._where}: {exc}") from exc
-        problem = layout_problem(str(found), REDIS_LAYOUT, f"redis {self._where}")
+        where = f"redis {self._where} (prefix {self.prefix!r})"
+        problem = layout_problem(str(found), REDIS_LAYOUT, where)
         if problem is not None:
             raise StoreRefused(problem)
 

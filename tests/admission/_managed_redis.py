@@ -11,6 +11,7 @@ import signal
 import subprocess
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
 
@@ -67,6 +68,20 @@ class Servers:
         )
         return port
 
+    def start_retrying(self, args: Callable[[str], tuple[str, ...]]) -> int:
+        """A server with ``args(another free port)``, answering; started again on new
+        ports if a port was taken meanwhile (other processes of the machine pick theirs)."""
+        for attempt in range(3):
+            port = self.start(*args(str(free_port())))
+            try:
+                self.wait_ping(port)
+                return port
+            except AssertionError:
+                self.kill(port)
+                if attempt == 2:
+                    raise
+        raise AssertionError("unreachable")
+
     def kill(self, port: int) -> None:
         proc = self.procs.pop(port)
         proc.send_signal(signal.SIGKILL)
@@ -91,12 +106,11 @@ def start_cluster(servers: Servers, masters: int = 3) -> list[int]:
     """``masters`` cluster nodes, joined and covering every slot: their ports."""
     # The bus port is named: the default, port + 10000, is past 65535 for many free ports.
     ports = [
-        servers.start("--cluster-enabled", "yes", "--cluster-node-timeout", "2000",
-                      "--cluster-config-file", "nodes.conf", "--cluster-port", str(free_port()))
+        servers.start_retrying(lambda bus: ("--cluster-enabled", "yes", "--cluster-port", bus,
+                               "--cluster-node-timeout", "2000", "--cluster-config-file",
+                               "nodes.conf"))
         for _ in range(masters)
     ]  # fmt: skip
-    for port in ports:
-        servers.wait_ping(port)
     subprocess.run(
         ["redis-cli", "--cluster", "create", *[f"127.0.0.1:{p}" for p in ports],
          "--cluster-yes"],
