@@ -124,6 +124,16 @@ async def test_cluster_admits_through_any_node_and_pushes_grants(servers: Server
         assert a.prefix == "{spacepool:}"  # type: ignore[attr-defined]
     finally:
         await _closing(a, b)
+    # One master that may evict keys: refused (every master is read).
+    with redis.Redis(port=ports[-1]) as r:
+        r.config_set("maxmemory", "100mb")
+        r.config_set("maxmemory-policy", "volatile-lru")
+    evicting = open_coordinator(url, lease_ttl_s=TTL_S)
+    try:
+        with pytest.raises(StoreRefused, match="volatile-lru"):
+            await evicting.set_limits({"space:a": 1})
+    finally:
+        await evicting.aclose()
 
 
 async def test_tls_with_a_certificate_authority(servers: Servers) -> None:
