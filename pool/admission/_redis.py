@@ -412,8 +412,14 @@ class _RedisStore:
             self._restoring = False
 
     async def _restore_once(self) -> None:
-        # The store may have been reset under us: record the layout again first.
-        await self._claim_layout(claim=True)
+        # The store may have been reset under us: record the layout again first. If a
+        # process of another layout got there first, this one stops admitting (503s and
+        # an error in the log) rather than mix with it.
+        try:
+            await self._claim_layout(claim=True)
+        except StoreRefused as exc:
+            _log.error("%s", exc)
+            raise StoreUnavailable(str(exc)) from exc
         leases, waiters = self._local.local_entries() if self._local else ([], [])
         # "?" for a client that never saw an epoch but lost contact: it cannot vouch
         # that the store was not reset while it was away, so it asks for a quarantine.

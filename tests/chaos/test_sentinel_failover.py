@@ -88,7 +88,7 @@ async def test_master_killed_under_load(
     args = (clean_fleet.pool_spaces_env(), url, str(LOOPS), str(stop))
     workers = [procs.spawn("tests.chaos._steady", *args, f"p{n}", "0.2", env=env) for n in (1, 2)]
     busy = lambda: sum(s.stats().in_flight for s in clean_fleet) >= 2  # noqa: E731
-    await until(busy, 30, "traffic to run")
+    await until(busy, 45, "traffic to run")
     killed = time.time()
     servers.kill(master)
     promoted = await _promoted(servers, sentinels[0], replica, within_s=25)
