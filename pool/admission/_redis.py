@@ -329,6 +329,8 @@ class _RedisStore:
         another layout or one that evicts keys; unreachable: tried again next call."""
         if self._checked:
             return
+        if self._closed:  # a late call must not reconnect a closed client
+            raise StoreUnavailable(f"redis {self._where}: store closed")
         async with self._check_lock:
             if self._refused is not None:
                 raise self._refused
@@ -345,17 +347,30 @@ class _RedisStore:
 
     async def _check_once(self) -> None:
         if not self._cluster and self._target.kind == "single":
-            cluster = await self._client.info("cluster")
+            cluster = await self._info("cluster")
             if int(cluster.get("cluster_enabled", 0) or 0):
                 await self._become_cluster()
         where = f"redis {self._where} (prefix {self.prefix!r})"
         if isinstance(self._client, RedisCluster):
-            by_node = await self._client.info("memory", target_nodes=RedisCluster.PRIMARIES)
+            by_node = await self._info("memory", target_nodes=RedisCluster.PRIMARIES)
             infos = [i for i in by_node.values() if isinstance(i, dict)]
         else:
-            infos = [await self._client.info("memory")]
+            infos = [await self._info("memory")]
+        if not any("maxmemory_policy" in info for info in infos):
+            _log.warning("%s: INFO memory does not say maxmemory-policy; make sure it is"
+                         " noeviction (an evicted lease breaks the cap)", where)  # fmt: skip
         report_eviction(eviction_problem(infos, where), allow=self._allow_evicting)
         await self._claim_layout(claim=False)
+
+    async def _info(self, section: str, **kwargs: Any) -> dict[str, Any]:
+        """``INFO section``; empty where the server does not let us read it (ACL)."""
+        try:
+            return await self._client.info(section, **kwargs)
+        except ResponseError as exc:
+            if isinstance(exc, _UNREACHABLE):
+                raise
+            _log.debug("redis %s: INFO %s refused: %s", self._where, section, exc)
+            return {}
 
     async def _become_cluster(self) -> None:
         """A plain URL names a Redis Cluster node: go on with the cluster client, started
