@@ -119,13 +119,18 @@ def outbound_port_problem(url: str) -> str | None:
     on the Hub only ports 80, 443 and 8080 go out. Never quotes the URL (a password)."""
     parts = urlsplit(url)
     scheme = parts.scheme.lower()
-    if scheme not in _DEFAULT_PORTS:
+    base, _, kind = scheme.partition("+")  # redis+cluster://a:1,b:2/, redis+sentinel://…
+    if base not in _DEFAULT_PORTS or kind not in {"", "cluster", "sentinel"}:
         return None  # memory://, sqlite:///…: nothing goes out
-    try:
-        port = parts.port or _DEFAULT_PORTS[scheme]
-    except ValueError:
-        return None
-    if port in HUB_OUTBOUND_PORTS:
+    default = 26379 if kind == "sentinel" else _DEFAULT_PORTS[base]
+    ports = []
+    for node in parts.netloc.rpartition("@")[2].split(","):
+        try:
+            ports.append(urlsplit(f"//{node}").port or default)
+        except ValueError:
+            return None
+    port = next((p for p in ports if p not in HUB_OUTBOUND_PORTS), None)
+    if port is None:
         return None
     return (
         f"POOL_COORDINATOR_URL names port {port}, but a Space's outbound connections are"

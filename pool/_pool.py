@@ -243,8 +243,9 @@ class Pool:
         s = self.settings
         if self._coordinator is None:
             self._coordinator = open_coordinator(
-                s.coordinator_url, lease_ttl_s=s.lease_ttl_s, clock=self.clock.now
-            )
+                s.coordinator_url, lease_ttl_s=s.lease_ttl_s, ca_file=s.coordinator_ca_file,
+                allow_evicting_store=s.allow_evicting_store, clock=self.clock.now,
+            )  # fmt: skip
         coordinator = self._coordinator
         await coordinator.set_limits({
             GLOBAL_RESOURCE: s.global_max_concurrent,

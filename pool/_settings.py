@@ -50,6 +50,15 @@ class PoolSettings(BaseSettings):
         " POOL_CONSUMER_MAX_CONCURRENT",
     )
     coordinator_url: str = Field(default_factory=_default_coordinator_url)
+    coordinator_ca_file: str | None = Field(
+        default=None,
+        description="PEM file of the certificate authority of a rediss:// coordinator;"
+        " unset: the system's",
+    )
+    allow_evicting_store: bool = Field(
+        default=False,
+        description="start even if the Redis coordinator may evict keys (a warning)",
+    )
     lease_ttl_s: float = Field(default=15.0, gt=0, description="admission lease, renewed")
     connect_timeout_s: float = Field(default=10.0, gt=0)
     connect_attempts: int = Field(default=3, ge=1)

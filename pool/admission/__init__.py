@@ -15,15 +15,28 @@ from ._rule import (
     SPACE_PREFIX,
     plan_grants,
 )
+from ._store_layout import StoreRefused
 from ._values import SharedValues
+
+_REDIS_SCHEMES = {
+    "redis", "rediss", "unix", "redis+cluster", "rediss+cluster", "redis+sentinel",
+    "rediss+sentinel",
+}  # fmt: skip
 
 
 def open_coordinator(
-    url: str, *, lease_ttl_s: float = 15.0, clock: Callable[[], float] | None = None
+    url: str,
+    *,
+    lease_ttl_s: float = 15.0,
+    ca_file: str | None = None,
+    allow_evicting_store: bool = False,
+    clock: Callable[[], float] | None = None,
 ) -> Coordinator:
-    """The store named by ``url``: ``memory://``, ``sqlite:///path`` or ``redis://…``.
-    ``clock``: the memory store's clock for its values' TTLs (a pool's, which tests may
-    drive); the shared stores keep time on their own clock."""
+    """The store named by ``url``: ``memory://``, ``sqlite:///path`` or Redis:
+    ``redis://…``, ``rediss://…`` (TLS; ``ca_file``: its certificate authority),
+    ``redis+cluster://host:port[,host:port]/``, ``redis+sentinel://host:port[,…]/service/db``
+    (docs/leases.md, Stores). ``clock``: the memory store's clock for its values' TTLs (a
+    pool's, which tests may drive); the shared stores keep time on their own clock."""
     scheme = url.split(":", 1)[0].lower()
     if scheme == "memory":
         return MemoryCoordinator() if clock is None else MemoryCoordinator(clock=clock)
@@ -31,10 +44,13 @@ def open_coordinator(
         from ._sqlite import SQLiteCoordinator
 
         return SQLiteCoordinator(url, lease_ttl_s=lease_ttl_s)
-    if scheme in {"redis", "rediss"}:
+    if scheme in _REDIS_SCHEMES:
         from ._redis import RedisCoordinator
 
-        return RedisCoordinator(url, lease_ttl_s=lease_ttl_s)
+        return RedisCoordinator(
+            url, lease_ttl_s=lease_ttl_s, ca_file=ca_file,
+            allow_evicting_store=allow_evicting_store,
+        )  # fmt: skip
     raise ValueError(f"unsupported POOL_COORDINATOR_URL scheme {scheme!r}")
 
 
@@ -50,6 +66,7 @@ __all__ = [
     "Lease",
     "MemoryCoordinator",
     "SharedValues",
+    "StoreRefused",
     "WaitTicket",
     "open_coordinator",
     "plan_grants",

@@ -1,9 +1,16 @@
 """Fleet-wide store (``redis://host:port/db``): processes on several hosts share Redis.
 
+Also a Redis Cluster (``redis+cluster://``), a Sentinel's master (``redis+sentinel://``)
+and TLS (``rediss://``): :mod:`pool.admission._redis_conn`. At its first call the
+store checks the layout's version and that Redis does not evict keys
+(:mod:`pool.admission._store_layout`).
+
 Every decision is one Lua script (``admission.lua``, beside this module), so it is
 atomic on the server and costs one round trip. The state, under a configurable key prefix
-(``?prefix=``, default ``spacepool:``; use a hash tag such as ``{spacepool}:`` on
-Redis Cluster, as every script touches all the keys)::
+(``?prefix=``, default ``spacepool:``; on a Redis Cluster it gets a hash tag,
+``{spacepool:}``, unless it has one, as every script touches all the keys)::
+
+    layout    STRING the layout's version (:mod:`pool.admission._store_layout`)
 
     meta      HASH   epoch, born, quarantine, seq, mean (hold-time EWMA), secret,
                      next_expiry (no deadline is earlier: reclaim has nothing to do)
@@ -87,22 +94,28 @@ import hashlib
 import json
 import logging
 import secrets
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from typing import Any, cast
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
-from redis.asyncio import Redis
-from redis.asyncio.retry import Retry
-from redis.backoff import NoBackoff
+from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import NoScriptError, ResponseError
 
 from ._lease_keeper import LocalEntries, SharedCoordinator, StoreView, Withdrawn
 from ._lua import load_script
 from ._protocol import AdmissionSnapshot, StoreUnavailable, new_id
-from ._redis_conn import ResetOnClose
+from ._redis_conn import Client, Target, cluster_prefix, open_client, parse_target
 from ._redis_values import UNREACHABLE as _UNREACHABLE
 from ._redis_values import RedisValues, listen
 from ._rule import INTERACTIVE, RANK
+from ._store_layout import (
+    LAYOUT_SCRIPT,
+    REDIS_LAYOUT,
+    StoreRefused,
+    eviction_problem,
+    layout_problem,
+    report_eviction,
+)
 
 _log = logging.getLogger("spacepool.admission")
 
@@ -116,20 +129,32 @@ _SCRIPT = load_script("admission.lua")
 class RedisCoordinator(SharedCoordinator):
     """Admission shared by every process and host that uses one Redis (and prefix)."""
 
-    def __init__(self, url: str, *, lease_ttl_s: float = 15.0) -> None:
+    def __init__(
+        self,
+        url: str,
+        *,
+        lease_ttl_s: float = 15.0,
+        ca_file: str | None = None,
+        allow_evicting_store: bool = False,
+    ) -> None:
         base_url, prefix, poll_s, timeout_s = _parse_url(url)
-        self.prefix = prefix
-        super().__init__(
-            _RedisStore(
-                base_url,
-                owner=new_id(),
-                lease_ttl_s=lease_ttl_s,
-                prefix=prefix,
-                poll_interval_s=poll_s,
-                timeout_s=timeout_s,
-            ),
+        store = _RedisStore(
+            base_url,
+            owner=new_id(),
             lease_ttl_s=lease_ttl_s,
+            prefix=prefix,
+            poll_interval_s=poll_s,
+            timeout_s=timeout_s,
+            ca_file=ca_file,
+            allow_evicting_store=allow_evicting_store,
         )
+        self._store = store
+        super().__init__(store, lease_ttl_s=lease_ttl_s)
+
+    @property
+    def prefix(self) -> str:
+        """The keys' prefix (with its hash tag on a cluster)."""
+        return self._store.prefix
 
 
 def _parse_url(url: str) -> tuple[str, str, float, float]:
@@ -160,27 +185,28 @@ class _RedisStore:
         prefix: str,
         poll_interval_s: float,
         timeout_s: float,
+        ca_file: str | None = None,
+        allow_evicting_store: bool = False,
     ) -> None:
         self.poll_interval_s = poll_interval_s
-        self._where = urlsplit(url).netloc.rpartition("@")[2]
+        target = parse_target(url)
+        self._target = target
+        self._where = target.where
         self._owner = owner
         self._ttl_ms = max(1, round(lease_ttl_s * 1000))
-        self._client: Redis = Redis.from_url(
-            url,
-            decode_responses=True,
-            socket_timeout=timeout_s,
-            socket_connect_timeout=timeout_s,
-            retry=Retry(NoBackoff(), 0),
-            health_check_interval=max(5, int(lease_ttl_s)),
-            # A redis:// URL's connections are reset when abandoned (a rediss:// or
-            # unix:// URL names its own class, which wins).
-            connection_class=ResetOnClose,
-        )
+        self._timeout_s, self._lease_ttl_s, self._ca_file = timeout_s, lease_ttl_s, ca_file
+        self._client: Client
+        self._client, self._close_client = self._open(target)
+        self._cluster = target.kind == "cluster"
+        self._given_prefix = prefix
+        self._allow_evicting = allow_evicting_store
+        self._checked = False
+        self._refused: StoreRefused | None = None
+        self._check_lock = asyncio.Lock()
         self._sha = hashlib.sha1(_SCRIPT.encode()).hexdigest()
         self._batch: list[tuple[list[str | int | float], asyncio.Future[list[Any]]]] = []
         self._flushes: set[asyncio.Task[None]] = set()
-        self._keys = [prefix + k for k in _KEYS]
-        self._channels = prefix + "grants:"
+        self._use_prefix()
         self._epoch = ""
         self._restoring = False
         self._lost_contact = False  # we may have missed an epoch while Redis was away
@@ -189,8 +215,20 @@ class _RedisStore:
         self._local: LocalEntries | None = None
         self._closed = False
         self.values = RedisValues(
-            self._client, prefix, where=self._where, closed=lambda: self._closed
-        )
+            self._client, self.prefix, where=self._where, closed=lambda: self._closed,
+            ready=self._check,
+        )  # fmt: skip
+
+    def _open(self, target: Target) -> tuple[Client, Callable[[], Awaitable[None]]]:
+        return open_client(target, timeout_s=self._timeout_s, lease_ttl_s=self._lease_ttl_s,
+                           ca_file=self._ca_file)  # fmt: skip
+
+    def _use_prefix(self) -> None:
+        """The one place the key prefix is decided: every key and channel is under it."""
+        given = self._given_prefix
+        self.prefix = cluster_prefix(given) if self._cluster else given
+        self._keys = [self.prefix + k for k in _KEYS]
+        self._channels = self.prefix + "grants:"
 
     def attach(self, local: LocalEntries) -> None:
         self._local = local
@@ -245,7 +283,7 @@ class _RedisStore:
         replies = await self._send(runs)
         missing = [i for i, r in enumerate(replies) if isinstance(r, NoScriptError)]
         if missing:  # Redis restarted or flushed its scripts: nothing of these ran
-            await self._client.script_load(_SCRIPT)
+            await self._client.script_load(_SCRIPT)  # on a cluster: every master
             if not self._restoring:  # maybe from an older snapshot: re-register first
                 await self._restore()
             for i, reply in zip(missing, await self._send([runs[i] for i in missing]),
@@ -285,7 +323,94 @@ class _RedisStore:
                 raise reply
         return replies
 
+    # -- the checks at the first call: layout version, eviction -----------------------------
+    async def _check(self) -> None:
+        """Once, before the first call: refuse (:class:`StoreRefused`) a store of
+        another layout or one that evicts keys; unreachable: tried again next call."""
+        if self._checked:
+            return
+        if self._closed:  # a late call must not reconnect a closed client
+            raise StoreUnavailable(f"redis {self._where}: store closed")
+        async with self._check_lock:
+            if self._refused is not None:
+                raise self._refused
+            if self._checked:
+                return
+            try:
+                await self._check_once()
+            except StoreRefused as exc:
+                self._refused = exc
+                raise
+            except _UNREACHABLE as exc:
+                raise StoreUnavailable(f"redis {self._where}: {exc}") from exc
+            self._checked = True
+
+    async def _check_once(self) -> None:
+        if not self._cluster and self._target.kind == "single":
+            cluster = await self._info("cluster")
+            if int(cluster.get("cluster_enabled", 0) or 0):
+                await self._become_cluster()
+        where = f"redis {self._where} (prefix {self.prefix!r})"
+        if isinstance(self._client, RedisCluster):
+            by_node = await self._info("memory", target_nodes=RedisCluster.PRIMARIES)
+            infos = [i for i in by_node.values() if isinstance(i, dict)]
+        else:
+            infos = [await self._info("memory")]
+        if not any("maxmemory_policy" in info for info in infos):
+            _log.warning("%s: INFO memory does not say maxmemory-policy; make sure it is"
+                         " noeviction (an evicted lease breaks the cap)", where)  # fmt: skip
+        report_eviction(eviction_problem(infos, where), allow=self._allow_evicting)
+        await self._claim_layout(claim=False)
+
+    async def _info(self, section: str, **kwargs: Any) -> dict[str, Any]:
+        """``INFO section``; empty where the server does not let us read it (ACL)."""
+        try:
+            return await self._client.info(section, **kwargs)
+        except ResponseError as exc:
+            if isinstance(exc, _UNREACHABLE):
+                raise
+            _log.debug("redis %s: INFO %s refused: %s", self._where, section, exc)
+            return {}
+
+    async def _become_cluster(self) -> None:
+        """A plain URL names a Redis Cluster node: go on with the cluster client, started
+        from that node, and a prefix in one hash slot (before anything else is sent)."""
+        parts = urlsplit(self._target.url)
+        if parts.hostname is None:  # unix://
+            raise StoreRefused(f"redis {self._where}: a cluster node, use redis+cluster://")
+        cluster = Target(
+            "cluster", self._target.url, self._where, tls=self._target.tls,
+            nodes=((parts.hostname, parts.port or 6379),), username=parts.username,
+            password=parts.password,
+        )  # fmt: skip
+        old_close = self._close_client
+        self._client, self._close_client = self._open(cluster)
+        await old_close()
+        self._cluster = True
+        self._use_prefix()
+        self.values.rebind(self._client, self.prefix)
+        _log.info("redis %s is a Redis Cluster node: using the cluster client, keys under %r",
+                  self._where, self.prefix)  # fmt: skip
+
+    async def _claim_layout(self, *, claim: bool) -> None:
+        """Read the store's layout version, recording ours where it has none (with
+        ``claim``, also over an unversioned store that has state: a process that
+        passed the check does so after the store was reset under it)."""
+        try:
+            found = await self._client.eval(
+                LAYOUT_SCRIPT, 2, self.prefix + "layout", self.prefix + "meta",
+                REDIS_LAYOUT, "1" if claim else "0",
+            )  # fmt: skip
+        except _UNREACHABLE as exc:
+            raise StoreUnavailable(f"redis {self._where}: {exc}") from exc
+        where = f"redis {self._where} (prefix {self.prefix!r})"
+        problem = layout_problem(str(found), REDIS_LAYOUT, where)
+        if problem is not None:
+            raise StoreRefused(problem)
+
     async def _call(self, op: str, *args: str | int | float, owner: str | None = None) -> list[Any]:
+        if not self._checked:
+            await self._check()
         who = self._owner if owner is None else owner
         for _ in range(3):
             reply = await self._eval(op, who, args)
@@ -302,6 +427,14 @@ class _RedisStore:
             self._restoring = False
 
     async def _restore_once(self) -> None:
+        # The store may have been reset under us: record the layout again first. If a
+        # process of another layout got there first, this one stops admitting (503s and
+        # an error in the log) rather than mix with it.
+        try:
+            await self._claim_layout(claim=True)
+        except StoreRefused as exc:
+            _log.error("%s", exc)
+            raise StoreUnavailable(str(exc)) from exc
         leases, waiters = self._local.local_entries() if self._local else ([], [])
         # "?" for a client that never saw an epoch but lost contact: it cannot vouch
         # that the store was not reset while it was away, so it asks for a quarantine.
@@ -396,6 +529,16 @@ class _RedisStore:
         self, on_grant: Callable[[Iterable[str]], None], on_resume: Callable[[], None]
     ) -> None:
         """The one grant subscriber of this process; reconnects by itself, forever."""
+        failures = 0
+        while True:  # on the client and channel the first call's checks settle
+            try:
+                await self._check()
+                break
+            except StoreUnavailable:
+                failures += 1
+                await asyncio.sleep(min(1.0, 0.05 * 2**failures))
+            except StoreRefused:
+                return  # every call of this process says why
         await listen(
             self._client, self._channels + self._owner, lambda data: on_grant(data.split(",")),
             on_resume, where=self._where,
@@ -407,7 +550,7 @@ class _RedisStore:
         await self.values.aclose()
         if self._flushes:  # calls already sent: let them finish on their connections
             await asyncio.gather(*self._flushes, return_exceptions=True)
-        await self._client.aclose()
+        await self._close_client()
 
 
 def _pairs(flat: Sequence[Any]) -> dict[str, int]:

@@ -22,11 +22,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from contextlib import AbstractAsyncContextManager
 from typing import Any
 
-from redis.asyncio import Redis
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ReadOnlyError
 from redis.exceptions import TimeoutError as RedisTimeoutError
@@ -34,6 +33,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from .._retry import RetryPolicy
 from ._lua import load_script
 from ._protocol import StoreUnavailable
+from ._redis_conn import Client
 from ._values import Update, namespace_of
 from ._watch import Changed, Watchers
 
@@ -63,7 +63,7 @@ def _being_cancelled() -> bool:
 
 
 async def listen(
-    client: Redis,
+    client: Client,
     channel: str,
     on_message: Callable[[str], None],
     on_subscribed: Callable[[], None],
@@ -72,7 +72,11 @@ async def listen(
 ) -> None:
     """Subscribe to ``channel`` and hand each message to ``on_message``, forever: a
     lost connection is reopened (backing off: :data:`_RESUBSCRIBE`), then
-    ``on_subscribed`` runs, as messages may have been lost while it was away."""
+    ``on_subscribed`` runs, as messages may have been lost while it was away.
+
+    Classic pub/sub, also on a Redis Cluster: a PUBLISH (the scripts') reaches the
+    subscribers of every node, and the cluster client subscribes on the node that
+    serves the channel's slot (the store's, by its hash tag)."""
     failures = 0
     while True:
         pubsub = client.pubsub()
@@ -101,8 +105,15 @@ class RedisValues:
     """The values of one Redis store (its client, its key prefix)."""
 
     def __init__(
-        self, client: Redis, prefix: str, *, where: str, closed: Callable[[], bool]
+        self,
+        client: Client,
+        prefix: str,
+        *,
+        where: str,
+        closed: Callable[[], bool],
+        ready: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
+        self._ready_store = ready  # the store's checks at the first call
         self._script = client.register_script(_SCRIPT)  # EVALSHA, loading it on NOSCRIPT
         self._prefix = prefix
         self._where = where
@@ -117,10 +128,21 @@ class RedisValues:
     def watch(self, key: str) -> AbstractAsyncContextManager[Changed]:
         return self._watchers.watch(key)
 
+    def rebind(self, client: Client, prefix: str) -> None:
+        """Use ``client`` and ``prefix`` from now on (the store found a cluster behind a
+        plain URL at its first call, before any value was read or watched)."""
+        self._client, self._prefix = client, prefix
+        self._script = client.register_script(_SCRIPT)
+
     async def _ready(self) -> None:
         """Start the subscriber if need be; wait (bounded) until it is subscribed."""
         if self._closed():
             return
+        if self._ready_store is not None:
+            try:  # the subscriber starts on the client and prefix the checks settled
+                await self._ready_store()
+            except StoreUnavailable:
+                return  # not yet: the next watch tries again
         if self._listener is None or self._listener.done():
             self._listener = asyncio.get_running_loop().create_task(
                 listen(self._client, self._prefix + "changed", self._watchers.notify,
@@ -146,6 +168,8 @@ class RedisValues:
     async def _run(self, op: str, key: str, *args: str | int) -> list[Any]:
         if self._closed():  # a late call must not reconnect a closed client
             raise StoreUnavailable(f"redis {self._where}: store closed")
+        if self._ready_store is not None:
+            await self._ready_store()
         ns = namespace_of(key)
         keys = [f"{self._prefix}values:{ns}", f"{self._prefix}vexp:{ns}"]
         try:

@@ -109,6 +109,7 @@ from ._rule import (
 )
 from ._sqlite_values import SCHEMA as VALUES_SCHEMA
 from ._sqlite_values import SQLiteValues
+from ._store_layout import check_sqlite_layout
 
 T = TypeVar("T")
 _log = logging.getLogger("spacepool.admission")
@@ -453,7 +454,7 @@ class _SQLiteStore:
             try:
                 _use_wal(conn, self._busy_timeout_s)
                 conn.execute("PRAGMA synchronous=NORMAL")
-                _write(conn, _create_schema)
+                _write(conn, lambda c, now: _create_schema(c, now, self.path))
             except BaseException:
                 conn.close()
                 raise
@@ -769,7 +770,8 @@ def _settle(outcomes: list[tuple[_Job, bool, Any]]) -> None:
             job.future.set_exception(value)
 
 
-def _create_schema(conn: sqlite3.Connection, _now: float) -> None:
+def _create_schema(conn: sqlite3.Connection, _now: float, path: str) -> None:
+    check_sqlite_layout(conn, path)  # another release's file: refuse (StoreRefused)
     for statement in _SCHEMA:
         conn.execute(statement)
     # A file made before issue 18 lacks the waiters' lane and class: add them.

@@ -73,6 +73,9 @@ def test_outbound_port_rule_names_only_ports_a_space_cannot_reach() -> None:
     flagged = outbound_port_problem("redis://:s3cret@redis.example.com/0")
     assert flagged is not None and "6379" in flagged and "s3cret" not in flagged
     assert outbound_port_problem("rediss://:pw@host:6380/0") is not None
+    assert outbound_port_problem("rediss+cluster://a:443,b:6379/") is not None
+    assert outbound_port_problem("redis+sentinel://a:8080,b/svc/0") is not None  # 26379
+    assert outbound_port_problem("rediss+cluster://a:443,b:443/") is None
     for fine in ("rediss://:pw@host:443/0", "redis://host:8080/0", "redis://host:80",
                  "sqlite:////tmp/x.db", "memory://", ""):  # fmt: skip
         assert outbound_port_problem(fine) is None, fine
