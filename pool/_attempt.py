@@ -122,16 +122,22 @@ class Attempts:
         space = space if record is None else record.space or space  # unpinned: routed
         if record is not None and api_name is not None:
             self.choice.check_session_call(record.space, record.app, api_name)
-        app = None if record is None or record.space is not None else record.app
+        unpinned = record is not None and record.space is None
+        app = record.app if record is not None and unpinned else None
         if space is not None and space not in self.spaces:
             raise UnknownSpace(space, list(self.spaces))
         user = self.hash_user(email)
+        # An anonymous session's calls share a pin of their own until the first pins it:
+        # two first calls at once wait for one replica, as a named user's do.
+        pin_as = None
+        if record is not None and unpinned and user is None:
+            pin_as = f"session/{record.key}"
         now = self.clock.now()
         ticket = classed_ticket(self.settings, ticket, None)
         queue_by = now + queue_timeout_for(self.settings, ticket, queue_timeout_s)
         by = None if wake_limit_s is None else now + wake_limit_s
         lease, sp, conn = await self._admit_and_checkout(
-            user, space, queue_by, by, ticket, avoid, api_name, app
+            user, space, queue_by, by, ticket, avoid, api_name, app, pin_as
         )
         handle = self._handle_for(sp, conn, lease)
         started = self.clock.now()
@@ -224,6 +230,7 @@ class Attempts:
         avoid: Sequence[str],
         api_name: str | None,
         app: str | None = None,
+        pin_as: str | None = None,
     ) -> tuple[Lease, SpacePool, Connection]:
         """Route, wake, admit, check out; a failure before the call fails over."""
         tried: list[str] = []
@@ -231,7 +238,7 @@ class Attempts:
         while True:
             route = await self._within(
                 by, "routing",
-                self.choice.pick(user, space, tried, last_error, avoid, api_name, app),
+                self.choice.pick(user, space, tried, last_error, avoid, api_name, app, pin_as),
             )  # fmt: skip
             sps = self._late(route.spaces)
             sp = sps[0]

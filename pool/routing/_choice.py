@@ -68,12 +68,15 @@ class Choice:
         avoid: Sequence[str],
         api_name: str | None = None,
         app: str | None = None,
+        pin_as: str | None = None,
     ) -> Route:
         """The Spaces this attempt may take, best first — up, breaker closed or ours to
         probe, not tried, with the endpoint (and of ``app`` when given: a session bound
         to an app) — and whether this request is the half-open probe of the one Space
         returned then. A named Space, a pinned user's Space or a probe is one Space;
-        otherwise every replica that may serve it (late binding)."""
+        otherwise every replica that may serve it (late binding). ``pin_as``: the pin
+        to follow and claim instead of the user's (an anonymous session's, until its
+        first call pins it)."""
         if space is not None:
             name, probing = await self._pick_named(space, tried, last)
             return Route([name], probing)
@@ -83,7 +86,7 @@ class Choice:
             api_name, lambda n: board.get(n).admits() and not board.get(n).paused
         )
         self._check_endpoint(api_name)
-        key = self._apps.pin_key(user, api_name)  # a pin per app
+        key = pin_as or self._apps.pin_key(user, api_name)  # a pin per app
         pinned = await self._router.pinned(key) if key else None
         within = None if app is None else set(self._apps.apps().get(app, ()))
         while True:

@@ -187,3 +187,25 @@ async def test_only_a_failover_moves_a_pin(three: list[SpaceProcess]) -> None:
         assert back.space == other, "the pin stays where the failover moved it"
     finally:
         await pool.aclose()
+
+
+async def test_an_anonymous_sessions_first_calls_at_once_share_one_replica(
+    three: list[SpaceProcess],
+) -> None:
+    """An anonymous session opened without a Space, four calls at once before any pinned
+    it: all run on one replica (the Spaces' records) and none is refused as 'on another
+    Space'; the session is pinned there."""
+    spaces = three[:3]
+    pool = pins_pool(spaces, "memory://")
+    try:
+        await warm(pool, spaces)
+        for space in spaces:
+            space.reset()
+        session = await pool.open_session(None)
+        done = await asyncio.gather(*(pool.predict("/echo", f"anon:{i}", 0.2, session=session)
+                                      for i in range(4)))  # fmt: skip
+        where = {s.name for s in spaces for _, _, text in s.calls() if text.startswith("anon")}
+        assert len(where) == 1 and {d.space for d in done} == where, (where, done)
+        assert (await pool.get_session(session, None)).space in where
+    finally:
+        await pool.aclose()
