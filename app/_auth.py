@@ -105,6 +105,13 @@ async def _enter(request: Request, record: KeyRecord) -> None:
     trace.get_current_span().set_attribute("spacepool.key", record.name)  # app/_tracing.py
 
 
+def is_admin(request: Request) -> bool:
+    """Whether the request carries the admin token (which sees every team's work)."""
+    expected = settings_of(request).admin_token
+    presented = _presented(request)
+    return expected is not None and presented is not None and _same(presented, expected)
+
+
 async def require_admin_token(request: Request) -> None:
     """``/api/admin/*``: the admin token; refused outright when none is configured."""
     expected = settings_of(request).admin_token

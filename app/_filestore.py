@@ -20,6 +20,10 @@ after its hash, so a worker that did not issue the token serves it just as well,
 a directory listing reveals no URL. A token that is not of the token's shape is a 404
 before the disk is touched; nothing outside ``data/`` is ever opened.
 
+A file belongs to the API key it was made under (a Space's output for that key's call,
+or that key's upload; ``team`` in its metadata): to a caller of another key — or of
+none — its token is unknown (404), as any unknown token (issue 38).
+
 Files are deleted once expired (``POOL_FILE_TTL_S``; an expired one is a 404 even
 before the sweep) and, when ``data/`` holds more than ``POOL_FILE_MAX_TOTAL_BYTES``,
 oldest first — by a sweep in a worker thread right after every publish (one at a time)
@@ -51,6 +55,7 @@ from fastapi import APIRouter, Depends, HTTPException, Request
 from fastapi.responses import StreamingResponse
 
 from pool import LocalFile
+from pool._consumer import current as current_consumer
 
 from ._auth import require_api_token
 from ._errors import FileNotFound, UploadTooLarge
@@ -71,6 +76,12 @@ def _private(path: str, flags: int) -> int:
 
 def _iso(wall: float) -> str:
     return datetime.fromtimestamp(wall, UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
+
+
+def _team() -> str | None:
+    """The API key id of the current caller (None: no key): whose files are theirs."""
+    consumer = current_consumer()
+    return None if consumer is None else consumer.key_id
 
 
 def _key(token: str) -> str:
@@ -123,6 +134,7 @@ class FileStore:
             "size": local.size,
             "created": now,
             "expires": expires,
+            "team": _team(),
         }
         os.chmod(local.path, 0o600)
         os.replace(local.path, self.data / key)
@@ -186,6 +198,8 @@ class FileStore:
                 self._delete(key)
                 return None
         except (OSError, ValueError, KeyError, TypeError):
+            return None
+        if meta.get("team") != _team():  # another team's file: as unknown
             return None
         return key, meta
 

@@ -103,6 +103,7 @@ class JobRecord:
     log: dict[str, Any] | None = None
     requeued: int | None = None  # times another worker took the job over (app/_reclaim.py)
     owner: str | None = None  # the worker running it (shared stores); never shown
+    team: str | None = None  # the API key id it was made with (None: none); never shown
     fence: int = 0  # its fencing token: raised by each takeover (pool/admission/_ownership)
 
     @property
@@ -375,12 +376,14 @@ class JobRunner:
         job ends); ``files``: where output files go and how they are rendered.
         """
         now = time.time()
+        consumer = current_consumer()  # a reclaimed job runs for its key again
         record = JobRecord(
             job_id or secrets.token_urlsafe(16),
             "queued",
             created_at=now,
             updated_at=now,
             owner=self.owner,
+            team=None if consumer is None else consumer.key_id,
         )
         user = get_pool().hash_user(body.email)
         if self.held is not None:
@@ -393,7 +396,6 @@ class JobRunner:
             raise
         timeout = body.timeout_s or self.settings.job_timeout_s
         rerunnable = call.folder is None and call.args == body.args and call.kwargs == body.kwargs
-        consumer = current_consumer()  # a reclaimed job runs for its key again
         await self.store.track(
             record.job_id, record.created_at + timeout,
             body.model_dump(mode="json") if rerunnable else None,

@@ -33,7 +33,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field
 
 from pool import BusyError, PoolError, get_pool
-from pool._consumer import Consumer
+from pool._consumer import CONSUMER_PREFIX, Consumer, anonymous_of
 from pool.admission import SharedValues
 
 from ._errors import KeyNotFound
@@ -97,8 +97,11 @@ def key_hash(secret: str) -> str:
 
 
 def limit_of(record: KeyRecord) -> dict[str, int]:
-    """The key's admission limit, as the coordinator's resource."""
-    return {record.consumer().resource: record.max_concurrent}
+    """The key's admission limits, as the coordinator's resources: the key's, and its
+    anonymous callers' (``POOL_ANONYMOUS_MAX_CONCURRENT`` per key, issue 38)."""
+    anonymous = CONSUMER_PREFIX + anonymous_of(record.id)
+    return {record.consumer().resource: record.max_concurrent,
+            anonymous: get_pool().settings.anonymous_limit}  # fmt: skip
 
 
 class Keys:
@@ -117,6 +120,11 @@ class Keys:
     async def start(self) -> None:
         with contextlib.suppress(PoolError):
             await self.reload()
+            limits: dict[str, int] = {}
+            for record in self._by_id.values():  # keys made before a setting changed
+                limits.update(limit_of(record))
+            if limits:
+                await get_pool().coordinator.set_limits(limits)
         self._follower = asyncio.get_running_loop().create_task(self._follow())
 
     async def aclose(self) -> None:

@@ -300,9 +300,10 @@ class Attempts:
         replica to free a slot admission allows serves it, and every other place is given
         up (a grant that came at the same moment goes back to the store, which hands it
         to the next waiter). Grants made in one hand-off go to the best Space first."""
-        # Anonymous callers share one consumer (issue 28): however many they are, they
-        # hold at most POOL_ANONYMOUS_MAX_CONCURRENT slots, and a named user's request is
-        # never queued behind theirs (a waiter held back by its consumer holds no place).
+        # Anonymous callers share one consumer per key (issues 28, 38): however many
+        # they are, they hold at most POOL_ANONYMOUS_MAX_CONCURRENT slots (per key), and
+        # a named user's request is never queued behind theirs (a waiter held back by
+        # its consumer holds no place).
         # A keyed caller's users are the key's own, within its limit (pool/_consumer.py)
         consumers = admission_consumers(user)
         waited_from = self.clock.now()

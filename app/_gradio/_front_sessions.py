@@ -75,7 +75,7 @@ from pool import (
     UpstreamTransportError,
     UserLimitReached,
 )
-from pool._consumer import CURRENT, Consumer
+from pool._consumer import CURRENT, Consumer, identity
 from pool.admission import SharedValues, WaitTicket
 from pool.transport import ProtocolNotSupported, SessionDropped, SpaceTransport
 
@@ -183,7 +183,8 @@ class FrontSession:
         self.scope = scope  # the alias of /gradio/{alias}/, None for /gradio/
         self.hash = session_hash
         self.core = core_id(scope, session_hash)
-        self.user = user  # the keyed hash of the user of its first request (owner)
+        self.user = identity(user)  # its first request's whole (key, user): the owner
+        self.consumer = CURRENT.get()  # that request's key: its background work runs as it
         self.email = email
         self.front = front
         self.opened: asyncio.Future[None] = asyncio.get_running_loop().create_future()
@@ -676,7 +677,7 @@ class FrontSessions:
                 return await self.open(scope, session_hash, email, create=False)
             except (NotYours, FrontBusy):
                 return None
-        if session.user != self.pool.hash_user(email):
+        if session.user != identity(self.pool.hash_user(email)):
             return None
         with contextlib.suppress(Exception):
             await asyncio.shield(session.opened)
@@ -691,10 +692,11 @@ class FrontSessions:
         when the fleet does not have it)."""
         pool = self.pool
         user = pool.hash_user(email)
+        owner = identity(user)
         key = (scope, session_hash)
         session = self._sessions.get(key)
         if session is not None and not session.closed:
-            if session.user != user:
+            if session.user != owner:
                 raise NotYours(session_hash)
             await asyncio.shield(session.opened)
             return session
@@ -800,18 +802,21 @@ class FrontSessions:
         await self.values().put(_call_key(event_id), record, self.shared_ttl_s)
 
     async def recall(
-        self, event_id: str, email: str | None
+        self, event_id: str, email: str | None, scope: str | None
     ) -> tuple[FrontSession, bool] | None:
         """The session of a REST call not read yet, and whether it was made for the
-        call; taken (a call's stream is read once). None: unknown, or another user's."""
+        call; taken (a call's stream is read once). None: unknown, made under another
+        scope than ``scope``, or another identity's."""
         key = _call_key(event_id)
         raw = await self.values().get(key)
         try:
             found: dict[str, Any] = json.loads(raw or "null")
-            scope, session_hash, own = found["scope"], str(found["hash"]), bool(found["own"])
+            made, session_hash, own = found["scope"], str(found["hash"]), bool(found["own"])
         except (ValueError, KeyError, TypeError):
             return None
-        session = await self.find(None if scope is None else str(scope), session_hash, email)
+        if (None if made is None else str(made)) != scope:
+            return None
+        session = await self.find(scope, session_hash, email)
         if session is None:
             return None
         await self.values().delete(key)
@@ -829,6 +834,7 @@ class FrontSessions:
             for session in list(self._sessions.values()):
                 if session.closed or not session.opened.done():
                     continue
+                CURRENT.set(session.consumer)  # its owner's key hashes its email (this task's)
                 try:
                     if session.busy or session.used:
                         session.used = False
