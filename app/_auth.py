@@ -74,6 +74,9 @@ async def require_api_token(request: Request) -> None:
     expected = settings_of(request).api_token
     presented = _presented(request)
     keys: Keys | None = getattr(request.app.state, "keys", None)
+    if request.url.path.startswith("/api/jobs/") and is_admin(request):  # every team's jobs
+        METER.set(Meter(*TOKEN_KEY, context_of(request)))
+        return
     if presented is not None and expected is not None and _same(presented, expected):
         METER.set(Meter(*TOKEN_KEY, context_of(request)))
         return
