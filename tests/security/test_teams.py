@@ -1,0 +1,143 @@
+"""Teams isolated from each other (issue 38): identity is (key, user) on both faces.
+
+One service with API keys A and B over the shared stand-in fleet, no ``POOL_API_TOKEN``
+(a caller without a key is served too, as its own team):
+
+* F1: an email that holds a key id and a ``/`` is not that key's user (the hash is of
+  the length-prefixed pair, not of a joined string; the library's side:
+  test_team_identity.py);
+* F2: each key's anonymous callers are their own: B's anonymous caller does not read
+  A's anonymous session (JSON API and front), and B's anonymous sessions do not count
+  against A's;
+* F8: a job belongs to the key that made it: another key's read, stream and cancel
+  are answered 404, as an unknown id; the admin token reads every team's.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.service.conftest import ServiceFactory, ServiceProcess, admin_headers
+
+pytestmark = pytest.mark.asyncio(loop_scope="module")
+PER_USER = 2  # POOL_MAX_SESSIONS_PER_USER
+
+
+def bearer(key: dict[str, Any], **headers: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {key['key']}", **headers}
+
+
+@pytest.fixture(scope="module")
+def service(start_service: ServiceFactory) -> ServiceProcess:
+    return start_service(POOL_MAX_SESSIONS_PER_USER=str(PER_USER))
+
+
+@pytest.fixture(scope="module")
+def keys(service: ServiceProcess) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Keys A and B, made once for the module."""
+    made = []
+    with httpx.Client(base_url=service.url, headers=admin_headers(), timeout=60) as admin:
+        for name in ("team-a", "team-b"):
+            response = admin.post("/api/admin/keys", json={"name": name, "max_concurrent": 4})
+            assert response.status_code == 201, response.text
+            made.append(response.json())
+    return made[0], made[1]
+
+
+async def _fn(client: httpx.AsyncClient, headers: dict[str, str]) -> int:
+    config = (await client.get("/gradio/alpha/config", headers=headers)).json()
+    return int(next(d["id"] for d in config["dependencies"] if d["api_name"] == "echo"))
+
+
+async def _join(client: httpx.AsyncClient, headers: dict[str, str], tab: str) -> httpx.Response:
+    fn = await _fn(client, headers)
+    body = {"data": ["secret", 0], "fn_index": fn, "session_hash": tab}
+    return await client.post("/gradio/alpha/gradio_api/queue/join", headers=headers, json=body)
+
+
+async def _peek(client: httpx.AsyncClient, headers: dict[str, str], tab: str) -> int:
+    response = await client.get("/gradio/alpha/gradio_api/queue/data", headers=headers,
+                                params={"session_hash": tab})  # fmt: skip
+    return response.status_code
+
+
+async def test_f1_a_caller_without_a_key_cannot_pose_as_a_keys_user(
+    service: ServiceProcess, keys: tuple[dict[str, Any], dict[str, Any]]
+) -> None:
+    """``"<key id>/bob@…"`` sent without a key neither reads A's bob's session (JSON
+    API) nor joins or reads A's bob's front session (before: both, as bob)."""
+    a, _ = keys
+    forged = f"{a['id']}/bob@corp.example"
+    async with service.client() as client:
+        opened = await client.post("/api/sessions", headers=bearer(a),
+                                   json={"email": "bob@corp.example"})  # fmt: skip
+        assert opened.status_code == 201, opened.text
+        session = opened.json()["session"]
+        mine = await client.get(f"/api/sessions/{session}", headers=bearer(a),
+                                params={"email": "bob@corp.example"})  # fmt: skip
+        assert mine.status_code == 200
+        other = await client.get(f"/api/sessions/{session}", params={"email": forged})
+        assert other.status_code == 404, other.text
+        gone = await client.delete(f"/api/sessions/{session}", params={"email": forged})
+        assert gone.status_code == 404
+        bob = bearer(a, **{"X-Spacepool-User": "bob@corp.example"})
+        assert (await _join(client, bob, "bob-tab")).status_code == 200
+        posing = {"X-Spacepool-User": forged}
+        assert await _peek(client, posing, "bob-tab") == 404
+        assert (await _join(client, posing, "bob-tab")).status_code == 404
+
+
+async def test_f2_anonymous_callers_are_per_key(
+    service: ServiceProcess, keys: tuple[dict[str, Any], dict[str, Any]]
+) -> None:
+    """B's anonymous caller does not read or end A's anonymous session (JSON API) nor
+    read A's anonymous front session; B holding its anonymous sessions' limit does not
+    refuse A's (before: all were one user, B read A's state and locked A out)."""
+    a, b = keys
+    async with service.client() as client:
+        opened = await client.post("/api/sessions", headers=bearer(a), json={})
+        assert opened.status_code == 201, opened.text
+        session = opened.json()["session"]
+        url = f"/api/sessions/{session}"
+        assert (await client.get(url, headers=bearer(b))).status_code == 404
+        assert (await client.delete(url, headers=bearer(b))).status_code == 404
+        assert (await client.get(url)).status_code == 404  # no key
+        assert (await client.get(url, headers=bearer(a))).status_code == 200
+        assert (await client.delete(url, headers=bearer(a))).status_code == 204
+        b_sessions = []
+        for _ in range(PER_USER):
+            made = await client.post("/api/sessions", headers=bearer(b), json={})
+            assert made.status_code == 201, made.text
+            b_sessions.append(made.json()["session"])
+        refused = await client.post("/api/sessions", headers=bearer(b), json={})
+        assert refused.status_code == 429  # B's own limit holds
+        mine = await client.post("/api/sessions", headers=bearer(a), json={})
+        assert mine.status_code == 201, mine.text
+        for made_id in [*b_sessions]:
+            await client.delete(f"/api/sessions/{made_id}", headers=bearer(b))
+        await client.delete(f"/api/sessions/{mine.json()['session']}", headers=bearer(a))
+        assert (await _join(client, bearer(a), "anon-tab")).status_code == 200
+        assert await _peek(client, bearer(b), "anon-tab") == 404
+        assert (await _join(client, bearer(b), "anon-tab")).status_code == 404
+
+
+async def test_f8_a_job_is_its_keys_alone(
+    service: ServiceProcess, keys: tuple[dict[str, Any], dict[str, Any]]
+) -> None:
+    """B (and a caller without a key) get 404 for A's job on read, events and cancel, as
+    for an unknown id; A and the admin token read it (before: anyone with the id)."""
+    a, b = keys
+    async with service.client() as client:
+        made = await client.post("/api/jobs", headers=bearer(a),
+                                 json={"api_name": "/echo", "args": ["a-job", 0.0]})  # fmt: skip
+        assert made.status_code == 202, made.text
+        url = made.json()["url"]
+        for others in (bearer(b), {}):
+            assert (await client.get(url, headers=others)).status_code == 404
+            assert (await client.get(f"{url}/events", headers=others)).status_code == 404
+            assert (await client.delete(url, headers=others)).status_code == 404
+        assert (await client.get(url, headers=bearer(a))).status_code == 200
+        assert (await client.get(url, headers=admin_headers())).status_code == 200
