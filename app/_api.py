@@ -23,7 +23,7 @@ from pool import Pool, UnknownSpace, get_pool
 from pool._consumer import current as current_consumer
 
 from . import _metrics
-from ._auth import is_admin, require_admin_token, require_api_token
+from ._auth import is_admin, pass_gate, require_admin_token, require_api_token
 from ._boundary import Boundary
 from ._errors import IdempotencyKeyInUse, JobNotFound
 from ._filestore import FileOutput, FileStore
@@ -189,6 +189,7 @@ async def predict(request: Request) -> PredictResponse | Response:
 
         async def admitted(space: str) -> None:
             ctx.space = space
+            await pass_gate()
 
         done = await call.predict(
             pool,

@@ -59,6 +59,7 @@ from pool._consumer import current as current_consumer
 from pool._holdings import Holdings
 from pool.admission import SharedValues
 
+from ._auth import pass_gate
 from ._errors import JobsFull, describe
 from ._filestore import FileOutput
 from ._inputs import CheckedCall
@@ -517,6 +518,7 @@ class JobRunner:
 
             async def admitted(space: str) -> None:
                 follower.cancel()
+                await pass_gate()  # its key revoked, or out of Space-seconds: not run
                 record = await self.store.update(
                     job_id,
                     stage="running",

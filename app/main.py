@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import os
 from collections.abc import AsyncIterator
@@ -49,6 +50,7 @@ from pool.admission import SharedValues
 
 from . import _errors, _tracing
 from ._api import router
+from ._auth import gate_of
 from ._boundary import Boundary
 from ._dashboard import router as dashboard_router
 from ._draining import Draining
@@ -124,7 +126,7 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
     boundary = app.state.boundary = Boundary(
         files, allow_urls=settings.allow_file_urls, outputs_ttl_s=settings.file_ttl_s
     )
-    runner, reclaim = _job_runner(local, pool, settings, files, boundary, keys)
+    runner, reclaim = _job_runner(local, pool, settings, files, boundary, keys, usage)
     app.state.jobs = runner
     sweeper = asyncio.get_running_loop().create_task(run_sweeper(files))
     draining = Draining()  # set by a stop signal: the streams that never end end
@@ -141,6 +143,7 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
         event_of=gradio_event_of,
         draining=draining,
     )
+    front.gate_of = functools.partial(gate_of, keys, usage)  # a handed-over event's key
     draining.install()
     _log.info(
         "serving %d Space(s): %s; admission store %s",
@@ -174,7 +177,7 @@ async def _idle() -> None:
 
 def _job_runner(
     local: MemoryJobStore, pool: Pool, settings: ServiceSettings, files: FileStore,
-    boundary: Boundary, keys: Keys,
+    boundary: Boundary, keys: Keys, usage: Usage,
 ) -> tuple[JobRunner, asyncio.Task[None]]:  # fmt: skip
     """The job runner; with a shared coordinator, jobs every worker reads, cancels and
     reclaims from a lost worker (app._reclaim), and the task that heartbeats for it."""
@@ -192,7 +195,7 @@ def _job_runner(
 
     reclaimer = Reclaimer(
         runner, store, lambda: pool.coordinator.values, pool.settings.lease_ttl_s, files_for,
-        boundary, keys,
+        boundary, keys, functools.partial(gate_of, keys, usage),
     )  # fmt: skip
     return runner, asyncio.get_running_loop().create_task(reclaimer.run())
 

@@ -79,8 +79,10 @@ from pool._consumer import CURRENT, Consumer, identity
 from pool.admission import SharedValues, WaitTicket
 from pool.transport import ProtocolNotSupported, SessionDropped, SpaceTransport
 
+from .._auth import GATE, Gate, pass_gate
 from .._boundary import Boundary
 from .._draining import Draining
+from .._errors import AuthError
 from ._messages import (
     RUNNER_TTL_S,
     Item,
@@ -162,7 +164,7 @@ def _failure(exc: Exception) -> str:
     Space's address or of a secret: the messages the JSON API answers with)."""
     if isinstance(exc, (BusyError, FrontBusy)) or _refused(exc):
         return f"Queue is full. {exc}"
-    if isinstance(exc, (PoolError, FrontUnavailable)):
+    if isinstance(exc, (PoolError, FrontUnavailable, AuthError)):
         return str(exc)
     return f"the Space failed ({type(exc).__name__})"
 
@@ -320,6 +322,9 @@ class FrontSession:
             if runner == front.worker:
                 context = contextvars.copy_context()
                 context.run(CURRENT.set, consumer)
+                gate = None if consumer is None or front.gate_of is None else (
+                    front.gate_of(consumer.key_id))  # fmt: skip
+                context.run(GATE.set, gate)
                 self._run(event, event_id, context)
             else:
                 await self._forward(event, event_id, runner, consumer)
@@ -384,6 +389,7 @@ class FrontSession:
             async with self._admit(event, ticket, max(0.0, wait_s)) as handle:
                 announcer.cancel()
                 self._admitted(event_id)
+                await pass_gate()  # its key revoked, or out of Space-seconds: not run
                 job = await self._start(handle, event, event_id)
                 self.jobs[event_id] = job
                 starting.close()
@@ -647,6 +653,8 @@ class FrontSessions:
         # Set when the process was told to stop: its endless streams end (app/_draining.py).
         self.draining = draining if draining is not None else Draining()
         self.event_of = event_of  # builds an event handed over by another worker
+        # The gate of a key's events handed over by another worker (app/_auth.py GATE)
+        self.gate_of: Callable[[str], Gate] | None = None
         self.worker = uuid.uuid4().hex[:16]  # this process, as a session's runner
         self.boundary = boundary  # told of every output file relayed (app._boundary)
         self.pool = pool
