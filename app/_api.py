@@ -189,7 +189,7 @@ async def predict(request: Request) -> PredictResponse | Response:
 
         async def admitted(space: str) -> None:
             ctx.space = space
-            await pass_gate()
+            await pass_gate(space)
 
         done = await call.predict(
             pool,

@@ -32,6 +32,7 @@ from fastapi import Request
 from opentelemetry import trace
 from pydantic import SecretStr
 
+from pool import get_pool
 from pool._consumer import CURRENT
 
 from ._errors import AuthError
@@ -96,11 +97,23 @@ def gate_of(keys: Keys, usage: Usage, key_id: str) -> Gate:
     return gate
 
 
-async def pass_gate() -> None:
-    """The current call, admitted: on, or ended as its key's gate says (None: no key)."""
+async def pass_gate(space: str | None = None) -> None:
+    """The current call, admitted: on, or ended as its key's gate says (None: no key).
+
+    ``space``: the Space a JSON API call was admitted on. A Space behind Gradio's login
+    (``POOL_SPACE_AUTH``) runs the calls of callers the operator let in — the API token
+    or an API key — never an open caller's (403 ``space_login_required``): the pool's
+    own login is not theirs to use (issue 38, F6). The front checks its own login."""
     gate = GATE.get()
     if gate is not None:
         await gate()
+    meter = METER.get()
+    if space is not None and meter is not None and meter.key_id == OPEN_KEY[0]:
+        spaces = get_pool().spaces
+        if space in spaces and spaces[space].spec.login is not None:
+            raise AuthError(403, "space_login_required",
+                            f"the Space {space!r} is behind a login: call it with"
+                            " POOL_API_TOKEN or an API key")  # fmt: skip
 
 
 async def require_api_token(request: Request) -> None:

@@ -518,7 +518,7 @@ class JobRunner:
 
             async def admitted(space: str) -> None:
                 follower.cancel()
-                await pass_gate()  # its key revoked, or out of Space-seconds: not run
+                await pass_gate(space)  # its key revoked, or out of Space-seconds: not run
                 record = await self.store.update(
                     job_id,
                     stage="running",

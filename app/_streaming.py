@@ -135,7 +135,7 @@ async def open_stream(
 
     async def admitted(space: str) -> None:
         ctx.space = space
-        await pass_gate()  # its key revoked, or out of Space-seconds: not run
+        await pass_gate(space)  # its key revoked, or out of Space-seconds: not run
         events.admit(space)
 
     async def partial(p: Partial) -> None:

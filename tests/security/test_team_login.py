@@ -87,3 +87,32 @@ async def test_f3_an_address_is_limited_across_usernames(service: ServiceProcess
         ]
     assert codes.count(429) >= 1, codes  # the earlier tests' failures count here too
     assert codes[-1] == 429
+
+
+async def test_f6_the_json_api_does_not_open_a_guarded_space_to_open_callers(
+    service: ServiceProcess,
+) -> None:
+    """No POOL_API_TOKEN, no key: /api/predict and /api/jobs on the Space behind the
+    login are 403 space_login_required, nothing run (before: run on the pool's login);
+    with an API key the operator made, the call runs."""
+    from tests.service.conftest import admin_headers
+
+    body = {"api_name": "/echo", "args": ["f6", 0]}
+    async with service.client() as http:
+        refused = await http.post("/api/predict", json=body)
+        assert refused.status_code == 403, refused.text
+        assert refused.json()["error"] == "space_login_required"
+        job = await http.post("/api/jobs", json=body)
+        assert job.status_code == 202
+        url = job.json()["url"]
+        for _ in range(300):
+            view = (await http.get(url)).json()
+            if view["stage"] in ("done", "failed", "cancelled"):
+                break
+            await asyncio.sleep(0.1)
+        assert view["stage"] == "failed" and view["error"]["error"] == "space_login_required"
+        made = await http.post("/api/admin/keys", headers=admin_headers(),
+                               json={"name": "allowed", "max_concurrent": 1})  # fmt: skip
+        keyed = {"Authorization": f"Bearer {made.json()['key']}"}
+        done = await http.post("/api/predict", json=body, headers=keyed)
+        assert done.status_code == 200, done.text

@@ -141,3 +141,22 @@ async def test_f8_a_job_is_its_keys_alone(
             assert (await client.delete(url, headers=others)).status_code == 404
         assert (await client.get(url, headers=bearer(a))).status_code == 200
         assert (await client.get(url, headers=admin_headers())).status_code == 200
+
+
+async def test_f6_a_rest_result_is_recalled_only_under_its_own_scope(
+    service: ServiceProcess, keys: tuple[dict[str, Any], dict[str, Any]]
+) -> None:
+    """A REST call made under ``/gradio/`` is unknown under ``/gradio/alpha/`` (and to
+    another key), and read under its own scope (before: read under any scope)."""
+    a, b = keys
+    async with service.client() as client:
+        made = await client.post("/gradio/gradio_api/call/echo", headers=bearer(a),
+                                 json={"data": ["rest", 0]})  # fmt: skip
+        assert made.status_code == 200, made.text
+        event_id = made.json()["event_id"]
+        other_scope = f"/gradio/alpha/gradio_api/call/echo/{event_id}"
+        assert (await client.get(other_scope, headers=bearer(a))).status_code == 404
+        own = f"/gradio/gradio_api/call/echo/{event_id}"
+        assert (await client.get(own, headers=bearer(b))).status_code == 404
+        read = await client.get(own, headers=bearer(a))
+        assert read.status_code == 200 and "rest" in read.text, read.text
