@@ -22,8 +22,9 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 
 from pool import (
     AmbiguousEndpoint,
@@ -271,6 +272,10 @@ def _allowed(request: Request) -> str:
     return ", ".join(sorted(methods))
 
 
+CLIENT_CLOSED = 499
+"""The status logged for a request its client left before the answer (nginx's 499)."""
+
+
 def install(app: FastAPI) -> None:
     """Register the handlers: one function for every exception class we answer."""
 
@@ -289,6 +294,12 @@ def install(app: FastAPI) -> None:
             headers = {**headers, "Allow": _allowed(request)}
         return JSONResponse(body, status_code=problem.status, headers=headers)
 
+    async def gone(request: Request, exc: Exception) -> Response:
+        """The client went away mid-request (mid-body): the client's doing, not ours —
+        no 500, no traceback; 499 in the access log, its quota call given back."""
+        context_of(request).outcome = "client_disconnected"
+        return Response(status_code=CLIENT_CLOSED)  # never read: nobody is there
+
     for exc_class in (
         PoolError,
         ServiceError,
@@ -296,3 +307,4 @@ def install(app: FastAPI) -> None:
         StarletteHTTPException,
     ):
         app.add_exception_handler(exc_class, handle)
+    app.add_exception_handler(ClientDisconnect, gone)

@@ -708,10 +708,15 @@ class FrontSessions:
                 raise NotYours(session_hash)
             await asyncio.shield(session.opened)
             return session
-        live = sum(1 for s in self._sessions.values() if not s.closed)
-        if live >= self.max_sessions:
-            raise FrontBusy(f"{live} Gradio sessions are open"
-                            " (POOL_GRADIO_MAX_SESSIONS)", min(self.idle_s, 30.0))  # fmt: skip
+        live = [s for s in self._sessions.values() if not s.closed]
+        if len(live) >= self.max_sessions:
+            victim = self._over_share(live, CURRENT.get())
+            if victim is None:
+                raise FrontBusy(f"{len(live)} Gradio sessions are open"
+                                " (POOL_GRADIO_MAX_SESSIONS)", min(self.idle_s, 30.0))  # fmt: skip
+            if isinstance(victim, FrontSession):
+                self._forget(victim)
+                self.spawn(self._end_as_owner(victim))
         session = self._sessions[key] = FrontSession(scope, session_hash, user, email, self)
         if self._follower is None or self._follower.done():
             self._follower = asyncio.get_running_loop().create_task(self._follow())
@@ -726,6 +731,34 @@ class FrontSessions:
         session.opened.set_result(None)
         session.watch()
         return session
+
+    def _over_share(
+        self, live: list[FrontSession], consumer: Consumer | None
+    ) -> FrontSession | bool | None:
+        """At the cap, for a new session of ``consumer``'s key: None to refuse it (its
+        key holds its equal share — the cap ÷ the keys holding sessions, its own
+        counted — or more); else the session to end for it, of the key holding the
+        most (over its share), not one running an event, least recently renewed first;
+        True when every such session runs an event (then the cap is passed for it).
+        A key's anonymous callers count as that key; callers without one as one key."""
+        mine = None if consumer is None else consumer.key_id
+        held: dict[str | None, list[FrontSession]] = {}
+        for session in live:
+            owner = None if session.consumer is None else session.consumer.key_id
+            held.setdefault(owner, []).append(session)
+        share = self.max_sessions / len(set(held) | {mine})
+        if len(held.get(mine, [])) >= share:
+            return None
+        heaviest = max((k for k in held if k != mine), key=lambda k: len(held[k]))
+        idle = [s for s in held[heaviest] if not s.jobs and not s.starting]
+        if not idle:
+            return True
+        return min(idle, key=lambda s: (s.busy, s.expires_at))
+
+    async def _end_as_owner(self, session: FrontSession) -> None:
+        """:meth:`end` run as the session's owner (its key hashes its email)."""
+        CURRENT.set(session.consumer)  # this task's own context
+        await self.end(session)
 
     async def reopen(self, session: FrontSession) -> None:
         """The session's record is gone (its Space restarted, or it expired as an

@@ -105,3 +105,38 @@ def python_m_app(fleet: SpaceFleet, tmp_path: Path) -> Iterator[tuple[int, int]]
 async def test_f4_python_m_app_bounds_the_head(python_m_app: tuple[int, int]) -> None:
     """``python -m app`` (``scripts/run``): the same bounds."""
     await _assert_bounded(*python_m_app)
+
+
+async def test_f11_a_client_leaving_mid_body_is_no_500_and_its_call_is_given_back(
+    start_service: ServiceFactory, fleet: SpaceFleet
+) -> None:
+    """A key with daily_calls=1 sends half a predict body and leaves: no 500 or
+    traceback in the log, and the call is given back — the key's one call of the day
+    still runs (before: logged 500 with a traceback, the call spent)."""
+    from tests.service.conftest import admin_headers
+
+    service = start_service()
+    async with service.client(**admin_headers()) as admin:
+        made = await admin.post("/api/admin/keys",
+                                json={"name": "leaver", "max_concurrent": 1, "daily_calls": 1})
+    key = made.json()["key"]
+    _, writer = await asyncio.open_connection("127.0.0.1", service.port)
+    writer.write(b"POST /api/predict HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                 b"Authorization: Bearer " + key.encode() + b"\r\n"
+                 b"Content-Length: 100000\r\n\r\n" + b'{"api_name": "/echo", ')
+    await writer.drain()
+    writer.close()
+    await writer.wait_closed()
+    async with service.client(Authorization=f"Bearer {key}") as http:
+        async def answered() -> bool:
+            done = await http.post("/api/predict",
+                                   json={"api_name": "/echo", "args": ["back", 0]})
+            assert done.status_code in (200, 429), done.text
+            return done.status_code == 200
+
+        deadline = time.monotonic() + 10  # the server learns of the leaving at its pace
+        while not await answered():
+            assert time.monotonic() < deadline, "the abandoned call was never given back"
+            await asyncio.sleep(0.2)
+    log = service.log_text()
+    assert "Traceback" not in log and '"status": 500' not in log, log[-3000:]
