@@ -311,8 +311,13 @@ class FrontSession:
                 consumer = _consumer(entry.get("consumer"))
                 if front.event_of is None:
                     raise FrontUnavailable("this worker cannot build front events")
-                event = await front.event_of(front, self.scope, dict(entry.get("body") or {}),
-                                             self.email, str(entry.get("front_root")))  # fmt: skip
+                joined = CURRENT.set(consumer)  # its files and user are its key's
+                try:
+                    body = dict(entry.get("body") or {})
+                    event = await front.event_of(front, self.scope, body, self.email,
+                                                 str(entry.get("front_root")))  # fmt: skip
+                finally:
+                    CURRENT.reset(joined)
                 runner = await self.outbox.claim(event_id, front.worker)
             except Exception as exc:
                 self.outbox.publish(completed_error(event_id, _failure(exc)))
