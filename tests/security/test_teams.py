@@ -162,30 +162,26 @@ async def test_f6_a_rest_result_is_recalled_only_under_its_own_scope(
         assert read.status_code == 200 and "rest" in read.text, read.text
 
 
-def test_f5_a_key_under_its_share_of_the_front_is_never_refused(
+async def test_f5_a_key_under_its_share_of_the_front_is_never_refused(
     start_service: ServiceFactory,
 ) -> None:
     """POOL_GRADIO_MAX_SESSIONS=4, all held by B: A's first session is opened (one of
     B's ended for it), B's next is refused 503 (before: A refused while B held all)."""
     capped = start_service(POOL_GRADIO_MAX_SESSIONS="4")
     made = []
-    with httpx.Client(base_url=capped.url, headers=admin_headers(), timeout=60) as admin:
+    async with capped.client(**admin_headers()) as admin:
         for name in ("share-a", "share-b"):
-            response = admin.post("/api/admin/keys", json={"name": name, "max_concurrent": 8})
+            body = {"name": name, "max_concurrent": 8}
+            response = await admin.post("/api/admin/keys", json=body)
             assert response.status_code == 201, response.text
             made.append(response.json())
     a, b = made
-    with httpx.Client(base_url=capped.url, timeout=60) as client:
-        config = client.get("/gradio/alpha/config", headers=bearer(b)).json()
-        fn = next(d["id"] for d in config["dependencies"] if d["api_name"] == "echo")
+    async with capped.client() as client:
 
-        def join(key: dict[str, Any], tab: str) -> int:
-            body = {"data": ["x", 0], "fn_index": fn, "session_hash": tab}
-            answer = client.post("/gradio/alpha/gradio_api/queue/join", headers=bearer(key),
-                                 json=body)  # fmt: skip
-            return answer.status_code
+        async def join(key: dict[str, Any], tab: str) -> int:
+            return (await _join(client, bearer(key), tab)).status_code
 
-        assert [join(b, f"b-{i}") for i in range(4)] == [200] * 4
-        assert join(a, "a-0") == 200  # under its share (2): one of B's ends for it
-        assert join(a, "a-1") == 200
-        assert join(b, "b-9") == 503  # B holds its share (2): refused
+        assert [await join(b, f"b-{i}") for i in range(4)] == [200] * 4
+        assert await join(a, "a-0") == 200  # under its share (2): one of B's ends for it
+        assert await join(a, "a-1") == 200
+        assert await join(b, "b-9") == 503  # B holds its share (2): refused
