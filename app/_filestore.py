@@ -26,7 +26,8 @@ none — its token is unknown (404), as any unknown token (issue 38).
 
 Files are deleted once expired (``POOL_FILE_TTL_S``; an expired one is a 404 even
 before the sweep) and, when ``data/`` holds more than ``POOL_FILE_MAX_TOTAL_BYTES``,
-oldest first — by a sweep in a worker thread right after every publish (one at a time)
+oldest first (a team's over its equal share of that bound before anyone else's) —
+by a sweep in a worker thread right after every publish (one at a time)
 and every minute, so the event loop never scans the folder.
 """
 
@@ -241,7 +242,7 @@ class FileStore:
     def sweep(self) -> None:
         """Delete expired files, then the oldest while over the disk bound; stale leftovers."""
         now = self._clock()
-        entries: list[tuple[float, str, int]] = []  # (created, key, size)
+        entries: list[tuple[float, str, int, str | None]] = []  # (created, key, size, team)
         keys_with_meta: set[str] = set()
         with contextlib.suppress(OSError), os.scandir(self.data) as listing:
             for entry in listing:
@@ -253,20 +254,37 @@ class FileStore:
                     meta = json.loads(Path(entry.path).read_text())
                     expires, created = float(meta["expires"]), float(meta["created"])
                     size = (self.data / key).stat().st_size
+                    team = meta.get("team")
                 except (OSError, ValueError, KeyError, TypeError):
                     self._delete(key)
                     continue
                 if expires <= now:
                     self._delete(key)
                 else:
-                    entries.append((created, key, size))
-        total = sum(size for _, _, size in entries)
-        for _, key, size in sorted(entries):
-            if total <= self.max_total_bytes:
-                break
+                    entries.append((created, key, size, None if team is None else str(team)))
+        self._evict(sorted(entries))
+        self._sweep_leftovers(now, keys_with_meta)
+
+    def _evict(self, entries: list[tuple[float, str, int, str | None]]) -> None:
+        """While over ``max_total_bytes``: the oldest file of a team (API key; None:
+        no key) over its equal share of the bound (÷ the teams holding files) first,
+        then the oldest of all — one team's files never push out another's while it
+        holds more than its share (issue 38)."""
+        total = sum(size for _, _, size, _ in entries)
+        held: dict[str | None, int] = {}
+        for _, _, size, team in entries:
+            held[team] = held.get(team, 0) + size
+        left = list(entries)
+        while left and total > self.max_total_bytes:
+            share = self.max_total_bytes / len(held)
+            over = next((e for e in left if held[e[3]] > share), left[0])
+            left.remove(over)
+            _, key, size, team = over
             self._delete(key)
             total -= size
-        self._sweep_leftovers(now, keys_with_meta)
+            held[team] -= size
+            if not held[team]:
+                del held[team]
 
     def _sweep_leftovers(self, now: float, keys_with_meta: set[str]) -> None:
         with contextlib.suppress(OSError), os.scandir(self.data) as listing:
