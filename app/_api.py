@@ -53,6 +53,7 @@ from ._schemas import (
 )
 from ._settings import settings_of
 from ._streaming import KEEPALIVE_S, open_stream, wants_stream
+from ._streams import bounded
 
 _log = logging.getLogger("spacepool.app")
 
@@ -368,7 +369,7 @@ async def job_events(
     if last_event_id is not None and last_event_id.strip().isdigit():
         after = int(last_event_id.strip())
     return StreamingResponse(
-        _event_stream(runner, job_id, after),
+        bounded(request, None, _event_stream(runner, job_id, after)),
         media_type="text/event-stream",
         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
     )

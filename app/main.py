@@ -72,6 +72,7 @@ from ._session_routes import router as sessions_router
 from ._settings import ServiceSettings, outbound_port_problem
 from ._shared_jobs import SharedJobStore
 from ._spaces import router as spaces_router
+from ._streams import StreamCaps
 from ._team_routes import router as team_router
 from ._tracing import TraceRequests
 from ._usage import Usage
@@ -108,6 +109,7 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
     keys = app.state.keys = Keys(lambda: pool.coordinator.values)
     await keys.start()
     usage = app.state.usage = Usage(lambda: pool.coordinator.values)
+    app.state.streams = StreamCaps(settings.max_streams_per_caller)  # app/_streams.py
     pool.hooks.append(usage.on_event)
     usage.start()
     readiness = app.state.readiness = Readiness()

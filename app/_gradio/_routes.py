@@ -40,6 +40,7 @@ from .._filestore import FileStore, file_response
 from .._logging import context_of
 from .._schemas import EMAIL_MAX_CHARS, is_email
 from .._settings import settings_of
+from .._streams import bounded
 from . import _login, _rest
 from ._front_sessions import (
     EventRequest,
@@ -300,7 +301,8 @@ async def data(request: Request) -> Response:
     session = await sessions(request).find(_scope(request), session_hash, _email(request))
     if session is None:
         return JSONResponse({"detail": "Not Found"}, status_code=404)
-    return StreamingResponse(_stream(session), media_type="text/event-stream", headers=_SSE)
+    stream = bounded(request, _email(request), _stream(session))  # 429 past the cap
+    return StreamingResponse(stream, media_type="text/event-stream", headers=_SSE)
 
 
 async def _stream(session: FrontSession) -> AsyncIterator[str]:
@@ -346,8 +348,8 @@ async def heartbeat(request: Request) -> Response:
     transport = None
     with contextlib.suppress(PoolError, FrontUnavailable):  # none answers: the default
         _, transport, _ = await served(get_pool(), _scope(request))
-    return StreamingResponse(_beats(front, session, transport), media_type="text/event-stream",
-                             headers=_SSE)  # fmt: skip
+    beats = bounded(request, _email(request), _beats(front, session, transport))
+    return StreamingResponse(beats, media_type="text/event-stream", headers=_SSE)
 
 
 async def _beats(

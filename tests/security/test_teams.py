@@ -185,3 +185,37 @@ async def test_f5_a_key_under_its_share_of_the_front_is_never_refused(
         assert await join(a, "a-0") == 200  # under its share (2): one of B's ends for it
         assert await join(a, "a-1") == 200
         assert await join(b, "b-9") == 503  # B holds its share (2): refused
+
+
+async def test_f12_open_streams_per_caller_are_capped(start_service: ServiceFactory) -> None:
+    """POOL_MAX_STREAMS_PER_CALLER=2: A's third open job-event stream is 429
+    too_many_streams, B's is served; one of A's closed, A opens one again (before: no cap)."""
+    capped = start_service(POOL_MAX_STREAMS_PER_CALLER="2")
+    made = []
+    async with capped.client(**admin_headers()) as admin:
+        for name in ("streams-a", "streams-b"):
+            body = {"name": name, "max_concurrent": 2}
+            response = await admin.post("/api/admin/keys", json=body)
+            assert response.status_code == 201, response.text
+            made.append(response.json())
+    a, b = made
+    async with capped.client() as client:
+        job = await client.post("/api/jobs", headers=bearer(a),
+                                json={"api_name": "/echo", "args": ["long", 30.0]})  # fmt: skip
+        url = job.json()["url"]
+        async with client.stream("GET", f"{url}/events", headers=bearer(a)) as first:
+            assert first.status_code == 200
+            async with client.stream("GET", f"{url}/events", headers=bearer(a)) as second:
+                assert second.status_code == 200
+                third = await client.get(f"{url}/events", headers=bearer(a))
+                assert third.status_code == 429, third.text
+                assert third.json()["error"] == "too_many_streams"
+                quick = {"api_name": "/echo", "args": ["b", 0]}
+                theirs = await client.post("/api/jobs", headers=bearer(b), json=quick)
+                events = await client.get(f"{theirs.json()['url']}/events", headers=bearer(b))
+                assert events.status_code == 200  # B's streams are B's own count
+        again = await client.get(url, headers=bearer(a))  # the cap does not touch reads
+        assert again.status_code == 200
+        async with client.stream("GET", f"{url}/events", headers=bearer(a)) as reopened:
+            assert reopened.status_code == 200
+        await client.delete(url, headers=bearer(a))
