@@ -9,7 +9,7 @@ that makes the call, and asyncio copies it into every task that call starts:
 * admission (:func:`admission_consumers`) asks for the key's resource with the
   call's other slots, all at once (``consumer:key:<id>``, whose limit the key's
   ``max_concurrent`` sets in the coordinator), and the user's slot is the user's
-  *within the key*; a keyed caller without an email is limited by the key alone;
+  *within the key*; a keyed caller without an email takes its key's anonymous slot;
 * an email is hashed within its consumer's scope (:func:`scope`): the hash is of the
   length-prefixed pair (key id, email), never of a joined string, so the same email
   sent with two keys is two users and no email sent without a key (``"<key id>/bob"``
