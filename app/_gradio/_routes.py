@@ -76,9 +76,11 @@ def _scope(request: Request) -> str | None:
 
 
 def _front_root(request: Request) -> str:
-    """The service's address of this scope, as the client reached it."""
+    """The service's address of this scope: ``POOL_PUBLIC_URL``'s when set (never a
+    caller's ``Host`` header then), else as the client reached it."""
     scope = _scope(request)
-    base = str(request.base_url).rstrip("/")
+    public = settings_of(request).public_url
+    base = (public or str(request.base_url)).rstrip("/")
     return f"{base}/gradio/{scope}" if scope is not None else f"{base}/gradio"
 
 

@@ -219,3 +219,17 @@ async def test_f12_open_streams_per_caller_are_capped(start_service: ServiceFact
         async with client.stream("GET", f"{url}/events", headers=bearer(a)) as reopened:
             assert reopened.status_code == 200
         await client.delete(url, headers=bearer(a))
+
+
+async def test_f12_the_fronts_root_comes_from_pool_public_url_not_the_host_header(
+    start_service: ServiceFactory,
+) -> None:
+    """POOL_PUBLIC_URL set: a request naming another Host gets the config root and the
+    login redirect under the public URL (before: under the caller's Host)."""
+    public = start_service(POOL_PUBLIC_URL="https://pool.example.org/base")
+    async with public.client(Host="evil.example") as client:
+        config = (await client.get("/gradio/alpha/config")).json()
+        assert config["root"] == "https://pool.example.org/base/gradio/alpha", config["root"]
+        login = await client.post("/gradio/alpha/login", data={"username": "u", "password": "p"})
+        assert login.status_code == 302
+        assert login.headers["location"].startswith("https://pool.example.org/base/gradio")
