@@ -428,7 +428,8 @@ async def metrics(request: Request) -> Response:
         _log.warning("pool stats unavailable for /metrics", exc_info=True)
         stats = {}
     jobs = await _runner(request).store.counts()
-    return Response(_metrics.render(stats, jobs), media_type=_metrics.CONTENT_TYPE)
+    text = _metrics.render(stats, jobs, teams=is_admin(request))  # per-key: the admin's
+    return Response(text, media_type=_metrics.CONTENT_TYPE)
 
 
 router.include_router(api)

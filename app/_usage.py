@@ -54,7 +54,7 @@ from pool.admission import SharedValues
 
 from ._keys import KeyRecord
 from ._logging import RequestContext
-from ._metrics import REGISTRY
+from ._metrics import TEAM_REGISTRY
 
 _log = logging.getLogger("spacepool.app")
 
@@ -72,18 +72,18 @@ OTHER_USERS = "other"
 TOKEN_KEY = ("token", "POOL_API_TOKEN")
 OPEN_KEY = ("open", "no key")
 
-KEY_CALLS = Counter("spacepool_key_calls", "Calls per API key", ["key"], registry=REGISTRY)
+KEY_CALLS = Counter("spacepool_key_calls", "Calls per API key", ["key"], registry=TEAM_REGISTRY)
 KEY_ERRORS = Counter(
     "spacepool_key_errors", "Failed attempts per API key, by class", ["key", "class"],
-    registry=REGISTRY,
+    registry=TEAM_REGISTRY,
 )  # fmt: skip
 KEY_SPACE_S = Counter(
     "spacepool_key_space_seconds", "Seconds of Space time held per API key", ["key"],
-    registry=REGISTRY,
+    registry=TEAM_REGISTRY,
 )  # fmt: skip
 KEY_WAIT_S = Counter(
     "spacepool_key_admission_wait_seconds", "Seconds waited for admission per API key",
-    ["key"], registry=REGISTRY,
+    ["key"], registry=TEAM_REGISTRY,
 )  # fmt: skip
 _labels: set[str] = set()
 

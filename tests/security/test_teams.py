@@ -233,3 +233,19 @@ async def test_f12_the_fronts_root_comes_from_pool_public_url_not_the_host_heade
         login = await client.post("/gradio/alpha/login", data={"username": "u", "password": "p"})
         assert login.status_code == 302
         assert login.headers["location"].startswith("https://pool.example.org/base/gradio")
+
+
+async def test_f12_per_key_metrics_are_the_admins(
+    service: ServiceProcess, keys: tuple[dict[str, Any], dict[str, Any]]
+) -> None:
+    """/metrics names no key and shows no key's usage without the admin token (before:
+    to anyone); with it, the per-key series are there."""
+    a, _ = keys
+    async with service.client() as client:
+        made = await client.post("/api/predict", headers=bearer(a),
+                                 json={"api_name": "/echo", "args": ["m", 0]})  # fmt: skip
+        assert made.status_code == 200, made.text
+        anyone = (await client.get("/metrics")).text
+        admin = (await client.get("/metrics", headers=admin_headers())).text
+    assert "spacepool_key_" not in anyone and "team-a" not in anyone
+    assert 'spacepool_key_calls_total{key="team-a"}' in admin
