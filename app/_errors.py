@@ -87,6 +87,10 @@ class KeyNotFound(ServiceError):
     """No such API key (never created, or revoked)."""
 
 
+class KeyNameTaken(ServiceError):
+    """Another live API key has this name (names are what usage and metrics show)."""
+
+
 class FileNotFound(ServiceError):
     """No such file URL here (never issued, expired, evicted, or not a token at all)."""
 
@@ -216,6 +220,8 @@ def describe(exc: BaseException) -> Problem:
         return Problem(exc.status, body, exc.code, {"WWW-Authenticate": "Bearer"})
     if isinstance(exc, JobNotFound):
         return Problem(404, {"error": "job_not_found", "message": str(exc)}, "job_not_found")
+    if isinstance(exc, KeyNameTaken):
+        return Problem(409, {"error": "key_name_taken", "message": str(exc)}, "key_name_taken")
     if isinstance(exc, KeyNotFound):
         return Problem(404, {"error": "key_not_found", "message": str(exc)}, "key_not_found")
     if isinstance(exc, FileNotFound):

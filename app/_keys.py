@@ -36,7 +36,7 @@ from pool import BusyError, PoolError, get_pool
 from pool._consumer import CONSUMER_PREFIX, Consumer, anonymous_of
 from pool.admission import SharedValues
 
-from ._errors import KeyNotFound
+from ._errors import KeyNameTaken, KeyNotFound
 
 _log = logging.getLogger("spacepool.app")
 
@@ -184,7 +184,15 @@ class Keys:
         return self._by_id.get(key_id)
 
     # -- the admin's changes ---------------------------------------------------------
+    def _name_free(self, name: str, key_id: str | None = None) -> None:
+        """KeyNameTaken (409) when another live key is called ``name``: a key's name is
+        what its usage and metrics show, so one team cannot pose as another there."""
+        if any(r.name == name and r.id != key_id for r in self._by_id.values()):
+            raise KeyNameTaken(f"another API key is called {name[:64]!r}")
+
     async def create(self, body: KeyCreate) -> tuple[KeyRecord, str]:
+        await self.reload()
+        self._name_free(body.name)
         secret = KEY_PREFIX + secrets.token_urlsafe(32)
         record = KeyRecord(
             id=secrets.token_hex(8), hash=key_hash(secret), created_at=time.time(),
@@ -203,6 +211,7 @@ class Keys:
             if update.get(required, 0) is None:
                 del update[required]
         changed = record.model_copy(update=update)
+        self._name_free(changed.name, key_id)
         await self._write(KeyRecord.model_validate(changed.model_dump()))
         return changed
 

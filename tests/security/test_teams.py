@@ -249,3 +249,18 @@ async def test_f12_per_key_metrics_are_the_admins(
         admin = (await client.get("/metrics", headers=admin_headers())).text
     assert "spacepool_key_" not in anyone and "team-a" not in anyone
     assert 'spacepool_key_calls_total{key="team-a"}' in admin
+
+
+async def test_f12_key_names_are_unique(
+    service: ServiceProcess, keys: tuple[dict[str, Any], dict[str, Any]]
+) -> None:
+    """A second live key called "team-a", or B renamed so, is 409 key_name_taken: no
+    team appears under another's name in usage and metrics (before: 201)."""
+    a, b = keys
+    async with service.client(**admin_headers()) as admin:
+        again = await admin.post("/api/admin/keys", json={"name": a["name"], "max_concurrent": 1})
+        assert again.status_code == 409 and again.json()["error"] == "key_name_taken"
+        renamed = await admin.patch(f"/api/admin/keys/{b['id']}", json={"name": a["name"]})
+        assert renamed.status_code == 409
+        same = await admin.patch(f"/api/admin/keys/{a['id']}", json={"name": a["name"]})
+        assert same.status_code == 200, same.text
