@@ -130,3 +130,37 @@ async def test_f9_a_job_accepted_before_the_quota_is_refused_once_admitted(
     assert view["error"]["error"] == "quota_daily_space_seconds", view
     seen = [text for *_, text in await asyncio.to_thread(spaces["alpha"].calls)]
     assert "qq-second" not in seen, seen
+
+
+async def test_f7_a_revoked_keys_waiting_front_event_never_reaches_the_space(
+    service: ServiceProcess, spaces: SpaceFleet
+) -> None:
+    """Front face, limit 1: one event runs, another waits for admission; the key is
+    revoked: the running one finishes at the Space, the waiting one never starts there
+    (before: it ran 7–13 s after the revocation)."""
+    key = _key(service, name="revoked-front", max_concurrent=1)
+    async with service.client(**_bearer(key)) as client:
+        config = (await client.get("/gradio/alpha/config")).json()
+        fn = next(d["id"] for d in config["dependencies"] if d["api_name"] == "echo")
+        for text, delay in (("fr-first", 2.0), ("fr-second", 0.0)):
+            body = {"data": [text, delay], "fn_index": fn, "session_hash": f"rv-{text}"}
+            joined = await client.post("/gradio/alpha/gradio_api/queue/join", json=body)
+            assert joined.status_code == 200, joined.text
+        deadline = time.monotonic() + 30
+        while not await asyncio.to_thread(lambda: spaces["alpha"].stats().in_flight):
+            assert time.monotonic() < deadline, "the first event never started"
+            await asyncio.sleep(0.05)
+    async with service.client(**admin_headers()) as admin:
+        assert (await admin.delete(f"/api/admin/keys/{key['id']}")).status_code == 204
+
+    def texts() -> list[str]:
+        return [text for *_, text in spaces["alpha"].calls()]
+
+    deadline = time.monotonic() + 30
+    while "fr-first" not in await asyncio.to_thread(texts):  # ended at the Space
+        assert time.monotonic() < deadline
+        await asyncio.sleep(0.1)
+    window = time.monotonic() + 3.0  # the waiting event would start within ms of that
+    while time.monotonic() < window:
+        assert "fr-second" not in await asyncio.to_thread(texts)
+        await asyncio.sleep(0.2)
