@@ -44,5 +44,6 @@ HEALTHCHECK --interval=30s --timeout=5s --start-period=30s --retries=3 \
 
 # Shell form so that WEB_CONCURRENCY is expanded; exec so that uvicorn is PID 1 and
 # receives SIGTERM (graceful shutdown: jobs cancelled, leases released). Open SSE
-# streams get 5 s to finish before the shutdown goes on without them.
-CMD exec uvicorn app.main:app --host 0.0.0.0 --port 7860 --workers ${WEB_CONCURRENCY:-1} --timeout-graceful-shutdown 5
+# streams get 5 s to finish before the shutdown goes on without them. --http: request
+# heads bounded (app/_http.py; uvicorn picks its protocol before it imports the app).
+CMD exec uvicorn app.main:app --host 0.0.0.0 --port 7860 --workers ${WEB_CONCURRENCY:-1} --timeout-graceful-shutdown 5 --http app._http:BoundedHttpToolsProtocol

@@ -34,6 +34,7 @@ from types import FrameType
 import uvicorn
 
 from app import _startup
+from app._http import PROTOCOL as HTTP_PROTOCOL
 
 DEMO_SPACES = {"alpha": "echo", "chat": "chat", "pic": "image"}  # name -> stand-in kind
 
@@ -165,6 +166,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             port=args.port,
             log_level="info",
             access_log=False,
+            http=HTTP_PROTOCOL,  # request heads bounded (app/_http.py)
             # An open SSE stream would otherwise hold the shutdown until its job ends.
             timeout_graceful_shutdown=5,
         )

@@ -20,9 +20,10 @@ from fastapi import APIRouter, Depends, Header, Request, Response
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from pool import Pool, UnknownSpace, get_pool
+from pool._consumer import current as current_consumer
 
 from . import _metrics
-from ._auth import require_admin_token, require_api_token
+from ._auth import is_admin, pass_gate, require_admin_token, require_api_token
 from ._boundary import Boundary
 from ._errors import IdempotencyKeyInUse, JobNotFound
 from ._filestore import FileOutput, FileStore
@@ -36,7 +37,7 @@ from ._idempotency import (
     reserve,
 )
 from ._inputs import CheckedCall, identity_headers, read_call
-from ._jobs import JobRunner
+from ._jobs import JobRecord, JobRunner
 from ._logging import context_of
 from ._readiness import Readiness
 from ._schemas import (
@@ -52,6 +53,7 @@ from ._schemas import (
 )
 from ._settings import settings_of
 from ._streaming import KEEPALIVE_S, open_stream, wants_stream
+from ._streams import bounded
 
 _log = logging.getLogger("spacepool.app")
 
@@ -188,6 +190,7 @@ async def predict(request: Request) -> PredictResponse | Response:
 
         async def admitted(space: str) -> None:
             ctx.space = space
+            await pass_gate(space)
 
         done = await call.predict(
             pool,
@@ -311,12 +314,22 @@ async def _settle(change: Awaitable[object], what: str) -> None:
         _log.warning("could not %s an Idempotency-Key (%s)", what, type(exc).__name__)
 
 
+async def _own_job(request: Request, runner: JobRunner, job_id: str) -> JobRecord:
+    """The job, if the caller's key made it (JobNotFound otherwise, as for an unknown
+    id: another team's job is not there for them, issue 38); the admin token sees all."""
+    record = await runner.store.get(job_id)
+    consumer = current_consumer()
+    if record is None or (
+        record.team != (None if consumer is None else consumer.key_id) and not is_admin(request)
+    ):
+        raise JobNotFound(f"no job {job_id[:64]!r} here (unknown or expired)")
+    return record
+
+
 @api.get("/api/jobs/{job_id}", response_model=JobView, responses=_ERRORS, tags=["jobs"])
 async def get_job(job_id: str, request: Request) -> JSONResponse:
     """The job's stage, and its result or error once it has one."""
-    record = await _runner(request).store.get(job_id)
-    if record is None:
-        raise JobNotFound(f"no job {job_id[:64]!r} here (unknown or expired)")
+    record = await _own_job(request, _runner(request), job_id)
     context_of(request).space = record.space
     return JSONResponse(record.view())
 
@@ -328,8 +341,7 @@ async def cancel_job(job_id: str, request: Request) -> JSONResponse:
     A job that already finished is left as it is (the answer shows its final stage).
     """
     runner = _runner(request)
-    if await runner.store.get(job_id) is None:
-        raise JobNotFound(f"no job {job_id[:64]!r} here (unknown or expired)")
+    await _own_job(request, runner, job_id)
     record = await runner.cancel(job_id)
     if record is None:
         raise JobNotFound(f"no job {job_id[:64]!r} here (unknown or expired)")
@@ -352,14 +364,12 @@ async def job_events(
 ) -> StreamingResponse:
     """Server-Sent Events: the job's JSON at every change; ends after a final stage."""
     runner = _runner(request)
-    record = await runner.store.get(job_id)
-    if record is None:
-        raise JobNotFound(f"no job {job_id[:64]!r} here (unknown or expired)")
+    await _own_job(request, runner, job_id)
     after: int | None = None
     if last_event_id is not None and last_event_id.strip().isdigit():
         after = int(last_event_id.strip())
     return StreamingResponse(
-        _event_stream(runner, job_id, after),
+        bounded(request, None, _event_stream(runner, job_id, after)),
         media_type="text/event-stream",
         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
     )
@@ -418,7 +428,8 @@ async def metrics(request: Request) -> Response:
         _log.warning("pool stats unavailable for /metrics", exc_info=True)
         stats = {}
     jobs = await _runner(request).store.counts()
-    return Response(_metrics.render(stats, jobs), media_type=_metrics.CONTENT_TYPE)
+    text = _metrics.render(stats, jobs, teams=is_admin(request))  # per-key: the admin's
+    return Response(text, media_type=_metrics.CONTENT_TYPE)
 
 
 router.include_router(api)

@@ -22,8 +22,9 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 
 from pool import (
     AmbiguousEndpoint,
@@ -84,6 +85,10 @@ class JobNotFound(ServiceError):
 
 class KeyNotFound(ServiceError):
     """No such API key (never created, or revoked)."""
+
+
+class KeyNameTaken(ServiceError):
+    """Another live API key has this name (names are what usage and metrics show)."""
 
 
 class FileNotFound(ServiceError):
@@ -215,6 +220,8 @@ def describe(exc: BaseException) -> Problem:
         return Problem(exc.status, body, exc.code, {"WWW-Authenticate": "Bearer"})
     if isinstance(exc, JobNotFound):
         return Problem(404, {"error": "job_not_found", "message": str(exc)}, "job_not_found")
+    if isinstance(exc, KeyNameTaken):
+        return Problem(409, {"error": "key_name_taken", "message": str(exc)}, "key_name_taken")
     if isinstance(exc, KeyNotFound):
         return Problem(404, {"error": "key_not_found", "message": str(exc)}, "key_not_found")
     if isinstance(exc, FileNotFound):
@@ -277,6 +284,10 @@ def _front(path: str) -> bool:
     return path == "/gradio" or path.startswith("/gradio/")
 
 
+CLIENT_CLOSED = 499
+"""The status logged for a request its client left before the answer (nginx's 499)."""
+
+
 def install(app: FastAPI) -> None:
     """Register the handlers: one function for every exception class we answer."""
 
@@ -306,6 +317,12 @@ def install(app: FastAPI) -> None:
             headers = {**headers, "Allow": _allowed(request)}
         return JSONResponse(body, status_code=problem.status, headers=headers)
 
+    async def gone(request: Request, exc: Exception) -> Response:
+        """The client went away mid-request (mid-body): the client's doing, not ours —
+        no 500, no traceback; 499 in the access log, its quota call given back."""
+        context_of(request).outcome = "client_disconnected"
+        return Response(status_code=CLIENT_CLOSED)  # never read: nobody is there
+
     for exc_class in (
         PoolError,
         ServiceError,
@@ -313,3 +330,4 @@ def install(app: FastAPI) -> None:
         StarletteHTTPException,
     ):
         app.add_exception_handler(exc_class, handle)
+    app.add_exception_handler(ClientDisconnect, gone)

@@ -20,9 +20,14 @@ after its hash, so a worker that did not issue the token serves it just as well,
 a directory listing reveals no URL. A token that is not of the token's shape is a 404
 before the disk is touched; nothing outside ``data/`` is ever opened.
 
+A file belongs to the API key it was made under (a Space's output for that key's call,
+or that key's upload; ``team`` in its metadata): to a caller of another key — or of
+none — its token is unknown (404), as any unknown token (issue 38).
+
 Files are deleted once expired (``POOL_FILE_TTL_S``; an expired one is a 404 even
 before the sweep) and, when ``data/`` holds more than ``POOL_FILE_MAX_TOTAL_BYTES``,
-oldest first — by a sweep in a worker thread right after every publish (one at a time)
+oldest first (a team's over its equal share of that bound before anyone else's) —
+by a sweep in a worker thread right after every publish (one at a time)
 and every minute, so the event loop never scans the folder.
 """
 
@@ -51,6 +56,7 @@ from fastapi import APIRouter, Depends, HTTPException, Request
 from fastapi.responses import StreamingResponse
 
 from pool import LocalFile
+from pool._consumer import current as current_consumer
 
 from ._auth import require_api_token
 from ._errors import FileNotFound, UploadTooLarge
@@ -71,6 +77,12 @@ def _private(path: str, flags: int) -> int:
 
 def _iso(wall: float) -> str:
     return datetime.fromtimestamp(wall, UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
+
+
+def _team() -> str | None:
+    """The API key id of the current caller (None: no key): whose files are theirs."""
+    consumer = current_consumer()
+    return None if consumer is None else consumer.key_id
 
 
 def _key(token: str) -> str:
@@ -123,6 +135,7 @@ class FileStore:
             "size": local.size,
             "created": now,
             "expires": expires,
+            "team": _team(),
         }
         os.chmod(local.path, 0o600)
         os.replace(local.path, self.data / key)
@@ -187,6 +200,8 @@ class FileStore:
                 return None
         except (OSError, ValueError, KeyError, TypeError):
             return None
+        if meta.get("team") != _team():  # another team's file: as unknown
+            return None
         return key, meta
 
     def _delete(self, key: str) -> None:
@@ -227,7 +242,7 @@ class FileStore:
     def sweep(self) -> None:
         """Delete expired files, then the oldest while over the disk bound; stale leftovers."""
         now = self._clock()
-        entries: list[tuple[float, str, int]] = []  # (created, key, size)
+        entries: list[tuple[float, str, int, str | None]] = []  # (created, key, size, team)
         keys_with_meta: set[str] = set()
         with contextlib.suppress(OSError), os.scandir(self.data) as listing:
             for entry in listing:
@@ -239,20 +254,37 @@ class FileStore:
                     meta = json.loads(Path(entry.path).read_text())
                     expires, created = float(meta["expires"]), float(meta["created"])
                     size = (self.data / key).stat().st_size
+                    team = meta.get("team")
                 except (OSError, ValueError, KeyError, TypeError):
                     self._delete(key)
                     continue
                 if expires <= now:
                     self._delete(key)
                 else:
-                    entries.append((created, key, size))
-        total = sum(size for _, _, size in entries)
-        for _, key, size in sorted(entries):
-            if total <= self.max_total_bytes:
-                break
+                    entries.append((created, key, size, None if team is None else str(team)))
+        self._evict(sorted(entries))
+        self._sweep_leftovers(now, keys_with_meta)
+
+    def _evict(self, entries: list[tuple[float, str, int, str | None]]) -> None:
+        """While over ``max_total_bytes``: the oldest file of a team (API key; None:
+        no key) over its equal share of the bound (÷ the teams holding files) first,
+        then the oldest of all — one team's files never push out another's while it
+        holds more than its share (issue 38)."""
+        total = sum(size for _, _, size, _ in entries)
+        held: dict[str | None, int] = {}
+        for _, _, size, team in entries:
+            held[team] = held.get(team, 0) + size
+        left = list(entries)
+        while left and total > self.max_total_bytes:
+            share = self.max_total_bytes / len(held)
+            over = next((e for e in left if held[e[3]] > share), left[0])
+            left.remove(over)
+            _, key, size, team = over
             self._delete(key)
             total -= size
-        self._sweep_leftovers(now, keys_with_meta)
+            held[team] -= size
+            if not held[team]:
+                del held[team]
 
     def _sweep_leftovers(self, now: float, keys_with_meta: set[str]) -> None:
         with contextlib.suppress(OSError), os.scandir(self.data) as listing:

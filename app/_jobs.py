@@ -59,6 +59,7 @@ from pool._consumer import current as current_consumer
 from pool._holdings import Holdings
 from pool.admission import SharedValues
 
+from ._auth import pass_gate
 from ._errors import JobsFull, describe
 from ._filestore import FileOutput
 from ._inputs import CheckedCall
@@ -103,6 +104,7 @@ class JobRecord:
     log: dict[str, Any] | None = None
     requeued: int | None = None  # times another worker took the job over (app/_reclaim.py)
     owner: str | None = None  # the worker running it (shared stores); never shown
+    team: str | None = None  # the API key id it was made with (None: none); never shown
     fence: int = 0  # its fencing token: raised by each takeover (pool/admission/_ownership)
 
     @property
@@ -375,12 +377,14 @@ class JobRunner:
         job ends); ``files``: where output files go and how they are rendered.
         """
         now = time.time()
+        consumer = current_consumer()  # a reclaimed job runs for its key again
         record = JobRecord(
             job_id or secrets.token_urlsafe(16),
             "queued",
             created_at=now,
             updated_at=now,
             owner=self.owner,
+            team=None if consumer is None else consumer.key_id,
         )
         user = get_pool().hash_user(body.email)
         if self.held is not None:
@@ -393,7 +397,6 @@ class JobRunner:
             raise
         timeout = body.timeout_s or self.settings.job_timeout_s
         rerunnable = call.folder is None and call.args == body.args and call.kwargs == body.kwargs
-        consumer = current_consumer()  # a reclaimed job runs for its key again
         await self.store.track(
             record.job_id, record.created_at + timeout,
             body.model_dump(mode="json") if rerunnable else None,
@@ -515,6 +518,7 @@ class JobRunner:
 
             async def admitted(space: str) -> None:
                 follower.cancel()
+                await pass_gate(space)  # its key revoked, or out of Space-seconds: not run
                 record = await self.store.update(
                     job_id,
                     stage="running",

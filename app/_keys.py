@@ -36,10 +36,10 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field
 
 from pool import BusyError, PoolError, get_pool
-from pool._consumer import Consumer
+from pool._consumer import CONSUMER_PREFIX, Consumer, anonymous_of
 from pool.admission import SharedValues
 
-from ._errors import KeyNotFound
+from ._errors import KeyNameTaken, KeyNotFound
 
 _log = logging.getLogger("spacepool.app")
 
@@ -111,8 +111,11 @@ def key_hash(secret: str) -> str:
 
 
 def limit_of(record: KeyRecord) -> dict[str, int]:
-    """The key's admission limit, as the coordinator's resource."""
-    return {record.consumer().resource: record.max_concurrent}
+    """The key's admission limits, as the coordinator's resources: the key's, and its
+    anonymous callers' (``POOL_ANONYMOUS_MAX_CONCURRENT`` per key, issue 38)."""
+    anonymous = CONSUMER_PREFIX + anonymous_of(record.id)
+    return {record.consumer().resource: record.max_concurrent,
+            anonymous: get_pool().settings.anonymous_limit}  # fmt: skip
 
 
 class Keys:
@@ -131,6 +134,11 @@ class Keys:
     async def start(self) -> None:
         with contextlib.suppress(PoolError):
             await self.reload()
+            limits: dict[str, int] = {}
+            for record in self._by_id.values():  # keys made before a setting changed
+                limits.update(limit_of(record))
+            if limits:
+                await get_pool().coordinator.set_limits(limits)
         self._follower = asyncio.get_running_loop().create_task(self._follow())
 
     async def aclose(self) -> None:
@@ -204,7 +212,15 @@ class Keys:
         return found if found is not None and found.revoked_at is None else None
 
     # -- the admin's changes ---------------------------------------------------------
+    def _name_free(self, name: str, key_id: str | None = None) -> None:
+        """KeyNameTaken (409) when another live key is called ``name``: a key's name is
+        what its usage and metrics show, so one team cannot pose as another there."""
+        if any(r.name == name and r.id != key_id for r in self._by_id.values()):
+            raise KeyNameTaken(f"another API key is called {name[:64]!r}")
+
     async def create(self, body: KeyCreate) -> tuple[KeyRecord, str]:
+        await self.reload()
+        self._name_free(body.name)
         secret = KEY_PREFIX + secrets.token_urlsafe(32)
         record = KeyRecord(
             id=secrets.token_hex(8), hash=key_hash(secret), created_at=time.time(),
@@ -223,6 +239,7 @@ class Keys:
             if update.get(required, 0) is None:
                 del update[required]
         changed = record.model_copy(update=update)
+        self._name_free(changed.name, key_id)
         await self._write(KeyRecord.model_validate(changed.model_dump()))
         return changed
 

@@ -35,6 +35,9 @@ from pool import PoolEvent
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 disable_created_metrics()  # type: ignore[no-untyped-call]
 REGISTRY = CollectorRegistry(auto_describe=True)
+TEAM_REGISTRY = CollectorRegistry(auto_describe=True)
+"""The per-API-key series (app/_usage.py): on ``/metrics`` for the admin token only —
+a team's name and usage are not another team's to read (issue 38)."""
 
 _WAIT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300)
 _RUN_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800, 3600)
@@ -281,7 +284,9 @@ _collector = _PoolCollector()
 REGISTRY.register(_collector)
 
 
-def render(stats: Mapping[str, Any], jobs: Mapping[str, int]) -> bytes:
-    """The exposition text, with gauges taken from ``stats`` (``await pool.stats()``)."""
+def render(stats: Mapping[str, Any], jobs: Mapping[str, int], *, teams: bool = False) -> bytes:
+    """The exposition text, with gauges taken from ``stats`` (``await pool.stats()``);
+    ``teams``: with the per-key series (:data:`TEAM_REGISTRY`)."""
     _collector.stats, _collector.jobs = stats, jobs
-    return generate_latest(REGISTRY)
+    text = generate_latest(REGISTRY)
+    return text + generate_latest(TEAM_REGISTRY) if teams else text

@@ -38,6 +38,7 @@ from pool._consumer import CURRENT
 from pool.admission import SharedValues
 from pool.admission._ownership import Heartbeat, Holder, Owners, reclaimable
 
+from ._auth import GATE, Gate
 from ._boundary import Boundary
 from ._filestore import FileOutput
 from ._inputs import checked_call
@@ -68,9 +69,11 @@ class Reclaimer:
         files_for: Callable[[PredictRequest], FileOutput],
         boundary: Boundary,
         keys: Keys | None = None,
+        gate_of: Callable[[str], Gate] | None = None,
     ) -> None:
         self._boundary = boundary
         self._keys = keys
+        self._gate_of = gate_of  # a key's gate (app/_auth.py): revoked, out of quota
         self.runner = runner
         self.store = store
         self.ttl_s = ttl_s
@@ -169,6 +172,7 @@ class Reclaimer:
             return
         # The job's task copies this context: the key's consumer and meter follow it.
         consumer = CURRENT.set(key.consumer())
+        gate = GATE.set(None if self._gate_of is None else self._gate_of(key.id))
         try:
             ctx = RequestContext(record.job_id, user=get_pool().hash_user(body.email), key=key.name)
             meter = METER.set(Meter(key.id, key.name, ctx))
@@ -177,4 +181,5 @@ class Reclaimer:
             finally:
                 METER.reset(meter)
         finally:
+            GATE.reset(gate)
             CURRENT.reset(consumer)

@@ -56,6 +56,17 @@ class ServiceSettings(BaseSettings):
         default=32, ge=1, description="jobs of one email not yet final (queued, waking,"
         " running), anonymous callers together as one; over it: 429 too_many_jobs"
     )
+    public_url: str | None = Field(
+        default=None, max_length=2048, pattern=r"^https?://[^\s/?#]+(/[^\s?#]*)?$",
+        description="the service's address as its callers reach it (https://host/prefix):"
+        " the Gradio front's config root, rewritten URLs and login redirects are built from"
+        " it, not from the request's Host header",
+    )
+    max_streams_per_caller: int = Field(
+        default=64, ge=1, description="SSE streams (job events, the front's data streams"
+        " and heartbeats) one caller (key and user) holds open at once"
+        " in one process; over it: 429 too_many_streams"
+    )
     max_body_bytes: int = Field(default=1_048_576, ge=1024, description="largest request body")
     max_upload_bytes: int = Field(
         default=10 * 1024 * 1024, ge=1, description="files sent with one request, in all"

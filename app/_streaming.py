@@ -40,6 +40,7 @@ from starlette.types import Receive, Scope, Send
 from pool import Partial, Pool
 from pool.transport import Feed
 
+from ._auth import pass_gate
 from ._errors import describe
 from ._filestore import FileOutput
 from ._inputs import CheckedCall
@@ -134,6 +135,7 @@ async def open_stream(
 
     async def admitted(space: str) -> None:
         ctx.space = space
+        await pass_gate(space)  # its key revoked, or out of Space-seconds: not run
         events.admit(space)
 
     async def partial(p: Partial) -> None:

@@ -19,6 +19,12 @@ checked, and its call counted, atomically as the request enters (one store updat
 a quota reached is ``429`` with ``Retry-After`` the seconds to the next UTC day, and
 an error of class ``quota_daily_calls`` / ``quota_daily_space_seconds`` in the key's
 usage (not a call).
+``daily_space_seconds`` counts running calls as they run (issue 38): each worker adds
+the seconds its running calls of the key have held a Space so far to that day's value
+(``running``: per worker, renewed every flush, ignored once :data:`RUNNING_STALE_S`
+old), and a call is refused — at entry, and again once admitted (app/_auth.py
+``GATE``) — when used + running reaches the quota. So the overrun is at most what the
+key's calls already running (admitted before the quota was reached) go on to use.
 
 Callers without a key are metered too: the shared ``POOL_API_TOKEN`` as ``token``,
 unauthenticated ones as ``open``.
@@ -34,7 +40,9 @@ import io
 import json
 import logging
 import math
+import secrets
 import time
+import weakref
 from collections.abc import Callable
 from contextvars import ContextVar
 from dataclasses import dataclass, field
@@ -48,7 +56,7 @@ from pool.admission import SharedValues
 
 from ._keys import KeyRecord
 from ._logging import RequestContext
-from ._metrics import REGISTRY
+from ._metrics import TEAM_REGISTRY
 
 _log = logging.getLogger("spacepool.app")
 
@@ -56,6 +64,7 @@ FLUSH_S = 0.5
 KEEP_S = 8 * 86400.0  # an hour's figures are kept 7 days (and a day of slack)
 HOUR_S = 3600
 DAY_S = 86400
+RUNNING_STALE_S = 5.0  # a worker's running figure older than this: that worker is gone
 _NS = "usage:"
 _QUOTA = "quota:"
 MAX_LABELS = 64  # distinct key names a worker labels its metrics with; then "other"
@@ -65,18 +74,18 @@ OTHER_USERS = "other"
 TOKEN_KEY = ("token", "POOL_API_TOKEN")
 OPEN_KEY = ("open", "no key")
 
-KEY_CALLS = Counter("spacepool_key_calls", "Calls per API key", ["key"], registry=REGISTRY)
+KEY_CALLS = Counter("spacepool_key_calls", "Calls per API key", ["key"], registry=TEAM_REGISTRY)
 KEY_ERRORS = Counter(
     "spacepool_key_errors", "Failed attempts per API key, by class", ["key", "class"],
-    registry=REGISTRY,
+    registry=TEAM_REGISTRY,
 )  # fmt: skip
 KEY_SPACE_S = Counter(
     "spacepool_key_space_seconds", "Seconds of Space time held per API key", ["key"],
-    registry=REGISTRY,
+    registry=TEAM_REGISTRY,
 )  # fmt: skip
 KEY_WAIT_S = Counter(
     "spacepool_key_admission_wait_seconds", "Seconds waited for admission per API key",
-    ["key"], registry=REGISTRY,
+    ["key"], registry=TEAM_REGISTRY,
 )  # fmt: skip
 _labels: set[str] = set()
 
@@ -167,6 +176,9 @@ class Usage:
         self._clock = clock
         self._pending: dict[tuple[str, int], _Bucket] = {}
         self._space_s: dict[tuple[str, int], float] = {}  # (key id, day) → to add to quota
+        self._running: dict[str, dict[int, float]] = {}  # key id → {meter: admitted at}
+        self._shown: set[str] = set()  # keys whose running figure this worker wrote
+        self.worker = secrets.token_hex(8)
         self._flusher: asyncio.Task[None] | None = None
 
     # -- metering (no await: pool hooks are plain calls) ---------------------------------
@@ -190,7 +202,13 @@ class Usage:
         if event.kind == "admitted":
             step.wait_s = event.seconds
             KEY_WAIT_S.labels(label).inc(event.seconds)
+            running = self._running.setdefault(meter.key_id, {})
+            if id(meter) not in running:  # a call admitted then not released (its Space
+                # could not be reached) ends with its meter, if not with "finished"
+                weakref.finalize(meter, self._stopped, meter.key_id, id(meter))
+            running[id(meter)] = now
         elif event.kind == "finished":
+            self._stopped(meter.key_id, id(meter))
             step.space_s = event.seconds
             KEY_SPACE_S.labels(label).inc(event.seconds)
             day = (meter.key_id, int(now // DAY_S))
@@ -226,11 +244,39 @@ class Usage:
             except Exception:
                 _log.exception("usage flush failed")
 
+    def _stopped(self, key_id: str, meter: int) -> None:
+        running = self._running.get(key_id, {})
+        running.pop(meter, None)
+        if not running:
+            self._running.pop(key_id, None)
+
+    def running_s(self, key_id: str, now: float) -> tuple[int, float]:
+        """The key's calls running on this worker, and the seconds they held so far."""
+        started = self._running.get(key_id, {}).values()
+        return len(started), sum(max(0.0, now - t) for t in started)
+
+    def _mine_s(self, key_id: str, now: float) -> float:
+        """The key's Space-seconds of today this worker has not written yet: its running
+        calls' so far, and its finished calls' not flushed."""
+        unflushed = self._space_s.get((key_id, int(now // DAY_S)), 0.0)
+        return self.running_s(key_id, now)[1] + unflushed
+
     async def flush(self) -> None:
         """Write what this worker saw since the last flush (kept on failure)."""
         pending, self._pending = self._pending, {}
         space_s, self._space_s = self._space_s, {}
         values = self._values()
+        now = self._clock()
+        day_now = int(now // DAY_S)
+        for key_id in set(self._running) | self._shown:  # running figures, this worker's
+            count, held = self.running_s(key_id, now)
+            show = functools.partial(_show_running, worker=self.worker, figure=[count, held, now])
+            with contextlib.suppress(BusyError):
+                await values.update(f"{_QUOTA}{key_id}:{day_now}", show, 2 * DAY_S)
+                if count:
+                    self._shown.add(key_id)
+                else:
+                    self._shown.discard(key_id)
         try:
             while pending:
                 (key_id, hour), bucket = next(iter(pending.items()))
@@ -260,6 +306,8 @@ class Usage:
         now = self._clock()
         refused: list[str] = []
 
+        mine = self._mine_s(record.id, now)
+
         def bump(current: str | None) -> str | None:
             refused.clear()
             day = json.loads(current) if current else {"calls": 0, "space_s": 0.0}
@@ -267,7 +315,7 @@ class Usage:
                 refused.append("daily_calls")
             elif (
                 record.daily_space_seconds is not None
-                and day["space_s"] >= record.daily_space_seconds
+                and _spent(day, now, self.worker) + mine >= record.daily_space_seconds
             ):
                 refused.append("daily_space_seconds")
             if refused:
@@ -277,15 +325,22 @@ class Usage:
 
         await self._values().update(f"{_QUOTA}{record.id}:{int(now // DAY_S)}", bump, 2 * DAY_S)
         if refused:
-            what = refused[0]
-            self._note_refusal(record, f"quota_{what}", now)
-            limit = record.daily_calls if what == "daily_calls" else record.daily_space_seconds
-            raise UserLimitReached(
-                f"the key {record.name!r} reached its {what} quota ({limit}); it renews at"
-                " 00:00 UTC", reason=f"quota_{what}", limit=int(limit or 0),
-                retry_after_s=math.ceil(next_day_s(now)),
-            )  # fmt: skip
+            self._note_refusal(record, f"quota_{refused[0]}", now)
+            raise _quota_reached(record, refused[0], now)
         return int(now // DAY_S)
+
+    async def may_start(self, record: KeyRecord) -> None:
+        """A call of ``record``'s key, admitted, may start: not when its finished and
+        running calls used its ``daily_space_seconds`` (``UserLimitReached``, 429)."""
+        if record.daily_space_seconds is None:
+            return
+        now = self._clock()
+        raw = await self._values().get(f"{_QUOTA}{record.id}:{int(now // DAY_S)}")
+        day = json.loads(raw) if raw else {"calls": 0, "space_s": 0.0}
+        mine = self._mine_s(record.id, now)
+        if _spent(day, now, self.worker) + mine >= record.daily_space_seconds:
+            self._note_refusal(record, "quota_daily_space_seconds", now)
+            raise _quota_reached(record, "daily_space_seconds", now)
 
     def _note_refusal(self, record: KeyRecord, error: str, now: float) -> None:
         """A call ``record``'s quota refused: an error of that class in the key's usage
@@ -345,6 +400,44 @@ class Usage:
                for (k, who), (name, f) in users.items()]  # fmt: skip
         top.sort(key=lambda r: (-r["calls"], -r["space_s"]))
         return hours, top
+
+
+def _quota_reached(record: KeyRecord, what: str, now: float) -> UserLimitReached:
+    limit = record.daily_calls if what == "daily_calls" else record.daily_space_seconds
+    return UserLimitReached(
+        f"the key {record.name!r} reached its {what} quota ({limit}); it renews at"
+        " 00:00 UTC", reason=f"quota_{what}", limit=int(limit or 0),
+        retry_after_s=math.ceil(next_day_s(now)),
+    )  # fmt: skip
+
+
+def _spent(day: dict[str, Any], now: float, worker: str) -> float:
+    """A day's Space-seconds: the finished calls', and the running calls' of every
+    other worker so far (their last figure, carried on to ``now``; a stale one, of a
+    worker gone, is not counted)."""
+    spent = float(day.get("space_s", 0.0))
+    for who, figure in dict(day.get("running") or {}).items():
+        try:
+            count, held, at = int(figure[0]), float(figure[1]), float(figure[2])
+        except (TypeError, ValueError, IndexError):
+            continue
+        if who != worker and now - at < RUNNING_STALE_S:
+            spent += held + count * max(0.0, now - at)
+    return spent
+
+
+def _show_running(current: str | None, worker: str, figure: list[float]) -> str | None:
+    """The day's value with ``worker``'s running figure (dropped when nothing runs)."""
+    day: dict[str, Any] = json.loads(current) if current else {"calls": 0, "space_s": 0.0}
+    running = dict(day.get("running") or {})
+    if figure[0]:
+        running[worker] = figure
+    elif worker in running:
+        del running[worker]
+    else:
+        return None
+    day["running"] = running
+    return json.dumps(day)
 
 
 def _add_space(current: str | None, seconds: float) -> str:

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import os
 import sys
@@ -51,6 +52,7 @@ from pool.admission import SharedValues
 
 from . import _errors, _startup, _tracing
 from ._api import router
+from ._auth import gate_of
 from ._boundary import Boundary
 from ._dashboard import router as dashboard_router
 from ._draining import Draining
@@ -72,6 +74,7 @@ from ._session_routes import router as sessions_router
 from ._settings import ServiceSettings, outbound_port_problem
 from ._shared_jobs import SharedJobStore
 from ._spaces import router as spaces_router
+from ._streams import StreamCaps
 from ._team_routes import router as team_router
 from ._tracing import TraceRequests
 from ._usage import Usage
@@ -119,6 +122,7 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
     keys = app.state.keys = Keys(lambda: pool.coordinator.values)
     await keys.start()
     usage = app.state.usage = Usage(lambda: pool.coordinator.values)
+    app.state.streams = StreamCaps(settings.max_streams_per_caller)  # app/_streams.py
     pool.hooks.append(usage.on_event)
     usage.start()
     readiness = app.state.readiness = Readiness()
@@ -137,7 +141,7 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
     boundary = app.state.boundary = Boundary(
         files, allow_urls=settings.allow_file_urls, outputs_ttl_s=settings.file_ttl_s
     )
-    runner, reclaim = _job_runner(local, pool, settings, files, boundary, keys)
+    runner, reclaim = _job_runner(local, pool, settings, files, boundary, keys, usage)
     app.state.jobs = runner
     sweeper = asyncio.get_running_loop().create_task(run_sweeper(files))
     draining = Draining()  # set by a stop signal: the streams that never end end
@@ -154,6 +158,7 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
         event_of=gradio_event_of,
         draining=draining,
     )
+    front.gate_of = functools.partial(gate_of, keys, usage)  # a handed-over event's key
     draining.install()
     space_probe = asyncio.get_running_loop().create_task(_startup.probe_spaces(pool))
     _log.info(
@@ -189,7 +194,7 @@ async def _idle() -> None:
 
 def _job_runner(
     local: MemoryJobStore, pool: Pool, settings: ServiceSettings, files: FileStore,
-    boundary: Boundary, keys: Keys,
+    boundary: Boundary, keys: Keys, usage: Usage,
 ) -> tuple[JobRunner, asyncio.Task[None]]:  # fmt: skip
     """The job runner; with a shared coordinator, jobs every worker reads, cancels and
     reclaims from a lost worker (app._reclaim), and the task that heartbeats for it."""
@@ -208,7 +213,7 @@ def _job_runner(
 
     reclaimer = Reclaimer(
         runner, store, lambda: pool.coordinator.values, pool.settings.lease_ttl_s, files_for,
-        boundary, keys,
+        boundary, keys, functools.partial(gate_of, keys, usage),
     )  # fmt: skip
     return runner, asyncio.get_running_loop().create_task(reclaimer.run())
 

@@ -315,9 +315,10 @@ class Attempts:
         :meth:`Choice.claim`): once any call of theirs — here or in another process —
         is admitted somewhere, their other waiters keep only their place on that Space
         (same arrival: nobody passes them), and a grant elsewhere goes back."""
-        # Anonymous callers share one consumer (issue 28): however many they are, they
-        # hold at most POOL_ANONYMOUS_MAX_CONCURRENT slots, and a named user's request is
-        # never queued behind theirs (a waiter held back by its consumer holds no place).
+        # Anonymous callers share one consumer per key (issues 28, 38): however many
+        # they are, they hold at most POOL_ANONYMOUS_MAX_CONCURRENT slots (per key), and
+        # a named user's request is never queued behind theirs (a waiter held back by
+        # its consumer holds no place).
         # A keyed caller's users are the key's own, within its limit (pool/_consumer.py)
         consumers = admission_consumers(user)
         waited_from = self.clock.now()

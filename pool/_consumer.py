@@ -9,9 +9,16 @@ that makes the call, and asyncio copies it into every task that call starts:
 * admission (:func:`admission_consumers`) asks for the key's resource with the
   call's other slots, all at once (``consumer:key:<id>``, whose limit the key's
   ``max_concurrent`` sets in the coordinator), and the user's slot is the user's
-  *within the key*; a keyed caller without an email is limited by the key alone;
-* an email is hashed within its consumer's scope (:func:`scoped`): the same email
-  sent with two keys is two users, so one team's users cannot exhaust another's;
+  *within the key*; a keyed caller without an email takes its key's anonymous slot;
+* an email is hashed within its consumer's scope (:func:`scope`): the hash is of the
+  length-prefixed pair (key id, email), never of a joined string, so the same email
+  sent with two keys is two users and no email sent without a key (``"<key id>/bob"``
+  included) is a key's user (issue 38);
+* a keyed caller without an email is its key's anonymous user (:func:`anonymous`):
+  each key has its own anonymous consumer (``consumer:anonymous:<key id>``, under
+  ``POOL_ANONYMOUS_MAX_CONCURRENT`` each), holdings and sessions;
+* every owner check compares a whole identity (:func:`identity`): a user's hash (which
+  carries its key), else its key's anonymous user;
 * traces and usage name the consumer (``name``), never its secret.
 
 With no consumer set (the library used directly, or the service's shared
@@ -60,10 +67,29 @@ def admission_consumers(user: str | None) -> list[str]:
     consumer = CURRENT.get()
     if consumer is None:
         return [CONSUMER_PREFIX + (user or ANONYMOUS)]
-    return [consumer.resource] if user is None else [consumer.resource, CONSUMER_PREFIX + user]
+    return [consumer.resource, CONSUMER_PREFIX + (user or anonymous())]
 
 
-def scoped(email: str) -> str:
-    """``email`` as hashed within the current consumer (itself without one)."""
+def scope() -> str:
+    """The scope an email is hashed within: the current consumer's key id ("" without
+    one; a key id is never empty)."""
     consumer = CURRENT.get()
-    return email if consumer is None else f"{consumer.key_id}/{email}"
+    return "" if consumer is None else consumer.key_id
+
+
+def anonymous_of(key_id: str | None) -> str:
+    """The anonymous user of key ``key_id`` (None: of the callers without a key). No
+    keyed hash (16 hex digits) can be it."""
+    return ANONYMOUS if key_id is None else f"{ANONYMOUS}:{key_id}"
+
+
+def anonymous() -> str:
+    """The anonymous user of the current consumer (:func:`anonymous_of`)."""
+    consumer = CURRENT.get()
+    return anonymous_of(None if consumer is None else consumer.key_id)
+
+
+def identity(user: str | None) -> str:
+    """The whole identity of a caller whose user is ``user`` (a keyed hash, None when
+    anonymous) in the current context: what every owner check compares."""
+    return user or anonymous()

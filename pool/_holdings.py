@@ -2,7 +2,8 @@
 
 An email is a claim, not an identity: without a bound, one caller naming a victim's
 email opens that user's sessions and jobs by the hundred. So each user (the keyed hash
-of the email; every anonymous caller together as :data:`ANONYMOUS`) has one shared
+of the email within its key; every anonymous caller of one key together as that key's
+anonymous user, pool/_consumer.py :func:`identity`) has one shared
 value, ``<namespace><user>``: a JSON object *member* → when it was taken (wall clock
 seconds), a member being a session's key or a job's id.
 
@@ -30,9 +31,9 @@ import json
 import math
 from collections.abc import Awaitable, Callable
 
+from ._consumer import identity
 from ._exceptions import UserLimitReached
 from .admission import SharedValues
-from .routing._routing import ANONYMOUS
 
 Alive = Callable[[str], Awaitable[float | None]]
 """A member's check: None when it ended, else the seconds it may still last at most
@@ -72,7 +73,7 @@ class Holdings:
         self._retry_after_s = retry_after_s  # when no member says how long it lasts
 
     def _key(self, user: str | None) -> str:
-        return self._namespace + (user or ANONYMOUS)
+        return self._namespace + identity(user)  # anonymous: the current key's
 
     async def held(self, user: str | None) -> dict[str, float]:
         """The members ``user`` holds (None: anonymous), and when each was taken."""

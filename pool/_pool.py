@@ -34,7 +34,7 @@ import httpx
 
 from ._attempt import Attempts
 from ._clock import SYSTEM_CLOCK, Clock
-from ._consumer import scoped
+from ._consumer import scope
 from ._events import Hook
 from ._exceptions import (
     MisuseError,
@@ -346,7 +346,7 @@ class Pool:
             return None
         if not self._secret:
             raise MisuseError("hash_user() needs a started pool (await pool.start())")
-        return user_key(self._secret, scoped(email))  # within its consumer (an API key)
+        return user_key(self._secret, email, scope())  # within its consumer (an API key)
 
     def sign(self, message: str) -> str:
         """An HMAC-SHA256 (hex) of ``message`` under the fleet's shared secret, the key of

@@ -16,16 +16,18 @@ The record lives in the coordinator's shared values (``session:<sha256 of the id
 so every worker and host of the fleet serves the session's calls. Its TTL is
 ``POOL_SESSION_IDLE_S``, renewed by every call: a session expires after that long
 without one. The id is a random token (the only credential of an anonymous session);
-the record keeps the keyed hash of the email that opened it, and a call under another
-identity is answered as for an unknown id (:class:`SessionNotFound`).
+the record keeps the identity that opened it (pool/_consumer.py :func:`identity`: the
+keyed hash of the email within its API key, else that key's anonymous user), and a call
+under another identity — another key's anonymous caller included — is answered as for
+an unknown id (:class:`SessionNotFound`).
 
 A Space that restarted has lost every session: each call first asks the Space for its
 ``app_id`` (``gradio_api/app_id``, a few bytes); one that differs from the session's
 is :class:`SessionLost` and the session is deleted — never a fresh state in silence.
 
 How many sessions one user holds open is counted fleet-wide (pool/_holdings.py,
-``sessions-held:<user>``, every anonymous caller together as one user): ``open`` with a
-``limit`` refuses a user at it with :class:`~pool.UserLimitReached`
+``sessions-held:<identity>``, every anonymous caller of one key together as one user):
+``open`` with a ``limit`` refuses a user at it with :class:`~pool.UserLimitReached`
 (``too_many_sessions``, ``retry_after_s`` until the first of theirs expires unused).
 A session leaves the count when it is closed or lost, or, having expired, when the user
 is next at the limit; a session in use re-writes the count at least once per
@@ -66,6 +68,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ._clock import Clock
+from ._consumer import identity
 from ._exceptions import InvalidRequest, SessionLost, SessionNotFound, UnknownSpace
 from ._holdings import Holdings
 from .admission import SharedValues
@@ -99,7 +102,7 @@ class SessionRecord:
     key: str
     space: str | None  # None: unpinned, the next call pins it
     upstream: str  # the session_hash on the Space
-    owner: str | None  # keyed hash of the email that opened it; None: anonymous
+    owner: str | None  # the identity that opened it (pool/_consumer.py identity)
     app_id: Any
     used: float  # wall clock of the last call (or the opening)
     replica: Replica = ()  # the replica's cookies (pool/transport/_affinity.py)
@@ -209,8 +212,8 @@ class Sessions:
             return self.view(session_id, await self._load(session_id, email))
         await self._held[family].take(user, key, limit, self._lasts)
         now = self._clock.wall()
-        record = SessionRecord(key, None, uuid.uuid4().hex, user, None, now, (), now, idle_s,
-                               family)  # fmt: skip
+        record = SessionRecord(key, None, uuid.uuid4().hex, identity(user), None, now, (),
+                               now, idle_s, family)  # fmt: skip
         made = record.dumps()
         try:
             stored = await self._values().update(
@@ -247,8 +250,8 @@ class Sessions:
         finally:
             sp.checkin(conn, discard=False)
         now = self._clock.wall()
-        record = SessionRecord(_key(session_id), space, uuid.uuid4().hex, user, app_id, now,
-                               replica, indexed=now)  # fmt: skip
+        record = SessionRecord(_key(session_id), space, uuid.uuid4().hex, identity(user),
+                               app_id, now, replica, indexed=now)  # fmt: skip
         await self._values().put(record.key, record.dumps(), self.idle_s)
         return PoolSession(session_id, space, now + self.idle_s)
 
@@ -263,7 +266,7 @@ class Sessions:
             record = SessionRecord.loads(key, raw)
         except (ValueError, KeyError, TypeError):
             raise missing from None
-        if record.owner != self._hash_user(email):
+        if record.owner != identity(self._hash_user(email)):  # the whole (key, user)
             raise missing
         if record.space is not None and record.space not in self._spaces:
             raise missing

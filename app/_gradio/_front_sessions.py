@@ -75,12 +75,14 @@ from pool import (
     UpstreamTransportError,
     UserLimitReached,
 )
-from pool._consumer import CURRENT, Consumer
+from pool._consumer import CURRENT, Consumer, identity
 from pool.admission import SharedValues, WaitTicket
 from pool.transport import ProtocolNotSupported, SessionDropped, SpaceTransport
 
+from .._auth import GATE, Gate, pass_gate
 from .._boundary import Boundary
 from .._draining import Draining
+from .._errors import AuthError
 from ._messages import (
     RUNNER_TTL_S,
     Item,
@@ -162,7 +164,7 @@ def _failure(exc: Exception) -> str:
     Space's address or of a secret: the messages the JSON API answers with)."""
     if isinstance(exc, (BusyError, FrontBusy)) or _refused(exc):
         return f"Queue is full. {exc}"
-    if isinstance(exc, (PoolError, FrontUnavailable)):
+    if isinstance(exc, (PoolError, FrontUnavailable, AuthError)):
         return str(exc)
     return f"the Space failed ({type(exc).__name__})"
 
@@ -183,7 +185,8 @@ class FrontSession:
         self.scope = scope  # the alias of /gradio/{alias}/, None for /gradio/
         self.hash = session_hash
         self.core = core_id(scope, session_hash)
-        self.user = user  # the keyed hash of the user of its first request (owner)
+        self.user = identity(user)  # its first request's whole (key, user): the owner
+        self.consumer = CURRENT.get()  # that request's key: its background work runs as it
         self.email = email
         self.front = front
         self.opened: asyncio.Future[None] = asyncio.get_running_loop().create_future()
@@ -308,8 +311,13 @@ class FrontSession:
                 consumer = _consumer(entry.get("consumer"))
                 if front.event_of is None:
                     raise FrontUnavailable("this worker cannot build front events")
-                event = await front.event_of(front, self.scope, dict(entry.get("body") or {}),
-                                             self.email, str(entry.get("front_root")))  # fmt: skip
+                joined = CURRENT.set(consumer)  # its files and user are its key's
+                try:
+                    body = dict(entry.get("body") or {})
+                    event = await front.event_of(front, self.scope, body, self.email,
+                                                 str(entry.get("front_root")))  # fmt: skip
+                finally:
+                    CURRENT.reset(joined)
                 runner = await self.outbox.claim(event_id, front.worker)
             except Exception as exc:
                 self.outbox.publish(completed_error(event_id, _failure(exc)))
@@ -319,6 +327,9 @@ class FrontSession:
             if runner == front.worker:
                 context = contextvars.copy_context()
                 context.run(CURRENT.set, consumer)
+                gate = None if consumer is None or front.gate_of is None else (
+                    front.gate_of(consumer.key_id))  # fmt: skip
+                context.run(GATE.set, gate)
                 self._run(event, event_id, context)
             else:
                 await self._forward(event, event_id, runner, consumer)
@@ -383,6 +394,7 @@ class FrontSession:
             async with self._admit(event, ticket, max(0.0, wait_s)) as handle:
                 announcer.cancel()
                 self._admitted(event_id)
+                await pass_gate()  # its key revoked, or out of Space-seconds: not run
                 job = await self._start(handle, event, event_id)
                 self.jobs[event_id] = job
                 starting.close()
@@ -646,6 +658,8 @@ class FrontSessions:
         # Set when the process was told to stop: its endless streams end (app/_draining.py).
         self.draining = draining if draining is not None else Draining()
         self.event_of = event_of  # builds an event handed over by another worker
+        # The gate of a key's events handed over by another worker (app/_auth.py GATE)
+        self.gate_of: Callable[[str], Gate] | None = None
         self.worker = uuid.uuid4().hex[:16]  # this process, as a session's runner
         self.boundary = boundary  # told of every output file relayed (app._boundary)
         self.pool = pool
@@ -676,7 +690,7 @@ class FrontSessions:
                 return await self.open(scope, session_hash, email, create=False)
             except (NotYours, FrontBusy):
                 return None
-        if session.user != self.pool.hash_user(email):
+        if session.user != identity(self.pool.hash_user(email)):
             return None
         with contextlib.suppress(Exception):
             await asyncio.shield(session.opened)
@@ -691,17 +705,23 @@ class FrontSessions:
         when the fleet does not have it)."""
         pool = self.pool
         user = pool.hash_user(email)
+        owner = identity(user)
         key = (scope, session_hash)
         session = self._sessions.get(key)
         if session is not None and not session.closed:
-            if session.user != user:
+            if session.user != owner:
                 raise NotYours(session_hash)
             await asyncio.shield(session.opened)
             return session
-        live = sum(1 for s in self._sessions.values() if not s.closed)
-        if live >= self.max_sessions:
-            raise FrontBusy(f"{live} Gradio sessions are open"
-                            " (POOL_GRADIO_MAX_SESSIONS)", min(self.idle_s, 30.0))  # fmt: skip
+        live = [s for s in self._sessions.values() if not s.closed]
+        if len(live) >= self.max_sessions:
+            victim = self._over_share(live, CURRENT.get())
+            if victim is None:
+                raise FrontBusy(f"{len(live)} Gradio sessions are open"
+                                " (POOL_GRADIO_MAX_SESSIONS)", min(self.idle_s, 30.0))  # fmt: skip
+            if isinstance(victim, FrontSession):
+                self._forget(victim)
+                self.spawn(self._end_as_owner(victim))
         session = self._sessions[key] = FrontSession(scope, session_hash, user, email, self)
         if self._follower is None or self._follower.done():
             self._follower = asyncio.get_running_loop().create_task(self._follow())
@@ -716,6 +736,34 @@ class FrontSessions:
         session.opened.set_result(None)
         session.watch()
         return session
+
+    def _over_share(
+        self, live: list[FrontSession], consumer: Consumer | None
+    ) -> FrontSession | bool | None:
+        """At the cap, for a new session of ``consumer``'s key: None to refuse it (its
+        key holds its equal share — the cap ÷ the keys holding sessions, its own
+        counted — or more); else the session to end for it, of the key holding the
+        most (over its share), not one running an event, least recently renewed first;
+        True when every such session runs an event (then the cap is passed for it).
+        A key's anonymous callers count as that key; callers without one as one key."""
+        mine = None if consumer is None else consumer.key_id
+        held: dict[str | None, list[FrontSession]] = {}
+        for session in live:
+            owner = None if session.consumer is None else session.consumer.key_id
+            held.setdefault(owner, []).append(session)
+        share = self.max_sessions / len(set(held) | {mine})
+        if len(held.get(mine, [])) >= share:
+            return None
+        heaviest = max((k for k in held if k != mine), key=lambda k: len(held[k]))
+        idle = [s for s in held[heaviest] if not s.jobs and not s.starting]
+        if not idle:
+            return True
+        return min(idle, key=lambda s: (s.busy, s.expires_at))
+
+    async def _end_as_owner(self, session: FrontSession) -> None:
+        """:meth:`end` run as the session's owner (its key hashes its email)."""
+        CURRENT.set(session.consumer)  # this task's own context
+        await self.end(session)
 
     async def reopen(self, session: FrontSession) -> None:
         """The session's record is gone (its Space restarted, or it expired as an
@@ -800,18 +848,21 @@ class FrontSessions:
         await self.values().put(_call_key(event_id), record, self.shared_ttl_s)
 
     async def recall(
-        self, event_id: str, email: str | None
+        self, event_id: str, email: str | None, scope: str | None
     ) -> tuple[FrontSession, bool] | None:
         """The session of a REST call not read yet, and whether it was made for the
-        call; taken (a call's stream is read once). None: unknown, or another user's."""
+        call; taken (a call's stream is read once). None: unknown, made under another
+        scope than ``scope``, or another identity's."""
         key = _call_key(event_id)
         raw = await self.values().get(key)
         try:
             found: dict[str, Any] = json.loads(raw or "null")
-            scope, session_hash, own = found["scope"], str(found["hash"]), bool(found["own"])
+            made, session_hash, own = found["scope"], str(found["hash"]), bool(found["own"])
         except (ValueError, KeyError, TypeError):
             return None
-        session = await self.find(None if scope is None else str(scope), session_hash, email)
+        if (None if made is None else str(made)) != scope:
+            return None
+        session = await self.find(scope, session_hash, email)
         if session is None:
             return None
         await self.values().delete(key)
@@ -829,6 +880,7 @@ class FrontSessions:
             for session in list(self._sessions.values()):
                 if session.closed or not session.opened.done():
                     continue
+                CURRENT.set(session.consumer)  # its owner's key hashes its email (this task's)
                 try:
                     if session.busy or session.used:
                         session.used = False

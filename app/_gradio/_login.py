@@ -26,12 +26,19 @@ Here, for a scope (``/gradio/{alias}`` or ``/gradio``) with a Space that
   credentials"), where a 400 is an opaque "Could not login";
 * ``login`` is not behind ``POOL_API_TOKEN``: gradio_client's ``_login`` sends no
   headers. The cookie alone opens nothing there: every other route still needs the token;
-* failed logins are counted per scope, caller address and username, fleet-wide (the
-  coordinator's shared values): after :data:`FAILURES_MAX` within
-  :data:`FAILURE_WINDOW_S` of each other, that caller's logins as that user are answered
-  429 with ``Retry-After`` until the window has passed, before the Space is asked — the
-  front is not a way to guess a Space's passwords at its own speed (Gradio counts
-  nothing). A success clears the count. Another caller, or another username, is not held.
+* failed logins are counted fleet-wide (the coordinator's shared values), per Space
+  the login goes to (so every scope leading to it counts together), caller address and
+  username (normalized: NFKC, case-folded — a Space whose login ignores case gains
+  nothing from variants), and per Space and address across usernames. A guess is
+  counted *before* the Space is asked, atomically (:meth:`SharedValues.update`): at
+  :data:`FAILURES_MAX` for that username (:data:`ADDRESS_FAILURES_MAX` for the address)
+  within :data:`FAILURE_WINDOW_S` of each other, the login is answered 429 with
+  ``Retry-After`` before the Space is asked, so however many guesses arrive at once, no
+  more than the limit reach the Space (issue 38) — the front is not a way to guess a
+  Space's passwords at its own speed (Gradio counts nothing). A success clears the
+  username's count and gives its guess back; a Space that did not answer gives every
+  guess back. With the store out of reach nothing is counted (as every limit kept
+  there).
 
 A caller's login opens the front to that caller; the Space's events then run as the
 pool's login (``POOL_SPACE_AUTH``'s user), as every call of the pool does.
@@ -39,9 +46,11 @@ pool's login (``POOL_SPACE_AUTH``'s user), as every call of the pool does.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import hmac
 import time
+import unicodedata
 import urllib.parse
 
 import httpx
@@ -54,7 +63,8 @@ from pool.admission import SharedValues
 from ._space_view import transport_of
 
 LOGIN_TTL_S = 24 * 3600
-FAILURES_MAX = 10  # failed logins of one caller as one user …
+FAILURES_MAX = 10  # failed logins of one caller as one user on one Space …
+ADDRESS_FAILURES_MAX = 30  # … or of one caller as any user on one Space …
 FAILURE_WINDOW_S = 600.0  # … each within this long of the last: then 429 until it passes
 COOKIE = "spacepool-login"
 NOT_AUTHENTICATED = {"detail": {"error": "Not authenticated", "auth_message": None}}
@@ -101,17 +111,25 @@ async def login(request: Request, scope: str | None, front_root: str) -> Respons
     if not isinstance(username, str) or not isinstance(password, str):
         return JSONResponse({"detail": "username and password are required"}, status_code=422)
     await pool.start()
-    values, key = pool.coordinator.values, _failures_key(pool, request, scope, username.strip())
-    if await _failures(values, key) >= FAILURES_MAX:
+    values = pool.coordinator.values
+    user_keys, address_keys = _failures_keys(pool, request, names, username)
+    taken = await _take(values, [(k, FAILURES_MAX) for k in user_keys]
+                        + [(k, ADDRESS_FAILURES_MAX) for k in address_keys])  # fmt: skip
+    if taken is None:
         return JSONResponse({"detail": "Too many failed logins: try again later."},
                             status_code=429,
                             headers={"Retry-After": str(int(FAILURE_WINDOW_S))})  # fmt: skip
-    if not await _space_accepts(pool, names, username.strip(), password):
-        with contextlib.suppress(PoolError):  # the store out of reach: not counted
-            await values.update(key, lambda raw: str(int(raw or 0) + 1), FAILURE_WINDOW_S)
+    try:
+        accepted = await _space_accepts(pool, names, username.strip(), password)
+    except BaseException:
+        await asyncio.shield(_give_back(values, taken))  # not a guess the Space judged
+        raise
+    if not accepted:
         return JSONResponse({"detail": "Incorrect credentials."}, status_code=401)
     with contextlib.suppress(PoolError):
-        await values.delete(key)
+        for key in user_keys:
+            await values.delete(key)
+        await _give_back(values, [k for k in taken if k in address_keys])
     expiry = str(int(time.time() + LOGIN_TTL_S))
     response = JSONResponse({"success": True})
     response.set_cookie(
@@ -122,20 +140,57 @@ async def login(request: Request, scope: str | None, front_root: str) -> Respons
     return response
 
 
-def _failures_key(pool: Pool, request: Request, scope: str | None, username: str) -> str:
-    """A keyed hash (the fleet's secret): a username may be an email, never stored plain."""
+def _failures_keys(
+    pool: Pool, request: Request, names: list[str], username: str
+) -> tuple[list[str], list[str]]:
+    """The counts a login of ``username`` from this address to ``names`` takes a place
+    in: per Space, address and normalized username; per Space and address. Keyed
+    hashes (the fleet's secret): a username may be an email, never stored plain."""
     address = request.client.host if request.client is not None else ""
-    who = pool.sign(f"spacepool login failures\n{scope or ''}\n{address}\n{username}")
-    return f"glogin:f:{who[:40]}"
+    normal = unicodedata.normalize("NFKC", username.strip()).casefold()
+    users, addresses = [], []
+    for name in names:
+        who = pool.sign(f"spacepool login failures\n{name}\n{address}\n{normal}")
+        users.append(f"glogin:f:{who[:40]}")
+        where = pool.sign(f"spacepool login failures by address\n{name}\n{address}")
+        addresses.append(f"glogin:a:{where[:40]}")
+    return users, addresses
 
 
-async def _failures(values: SharedValues, key: str) -> int:
-    """The failed logins counted under ``key`` (0 when the store is out of reach)."""
-    try:
-        raw = await values.get(key)
-    except PoolError:
-        return 0
-    return int(raw) if raw is not None and raw.isdigit() else 0
+async def _take(values: SharedValues, counts: list[tuple[str, int]]) -> list[str] | None:
+    """A place in each count (key, limit), each taken atomically; None when one is at
+    its limit (the places taken given back). The store out of reach: nothing taken."""
+    taken: list[str] = []
+    for key, limit in counts:
+        added = False
+
+        def add(raw: str | None, limit: int = limit) -> str | None:
+            nonlocal added  # pure but for this flag: the last run is the one stored
+            count = int(raw) if raw is not None and raw.isdigit() else 0
+            added = count < limit
+            return str(count + 1) if added else None
+
+        try:
+            await values.update(key, add, FAILURE_WINDOW_S)
+        except PoolError:
+            continue
+        if not added:
+            await _give_back(values, taken)
+            return None
+        taken.append(key)
+    return taken
+
+
+async def _give_back(values: SharedValues, keys: list[str]) -> None:
+    """One place back in each of ``keys`` (a guess that was not a failure)."""
+
+    def less(raw: str | None) -> str | None:
+        count = int(raw) if raw is not None and raw.isdigit() else 0
+        return str(max(0, count - 1)) if count else None
+
+    for key in keys:
+        with contextlib.suppress(PoolError):
+            await values.update(key, less, FAILURE_WINDOW_S)
 
 
 def logout(scope: str | None, front_root: str) -> Response:

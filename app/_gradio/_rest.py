@@ -59,9 +59,10 @@ async def call_post(
 
 async def call_get(request: Request, front: FrontSessions, email: str | None) -> Response:
     """``GET call/{api_name}/{event_id}``: the event's messages in the REST form (its
-    own user's only)."""
+    own scope and user's only: another's is unknown, issue 38)."""
     event_id = str(request.path_params["event_id"])
-    found = await front.recall(event_id, email)
+    alias = request.path_params.get("alias")
+    found = await front.recall(event_id, email, None if alias is None else str(alias))
     if found is None:
         return JSONResponse({"detail": "Not Found"}, status_code=404)
     session, own = found

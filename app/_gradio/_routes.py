@@ -51,6 +51,7 @@ from .._keys import Keys
 from .._logging import context_of
 from .._schemas import EMAIL_MAX_CHARS, is_email
 from .._settings import settings_of
+from .._streams import bounded
 from . import _login, _rest
 from ._front_sessions import (
     EventRequest,
@@ -114,9 +115,11 @@ def _scope(request: Request) -> str | None:
 
 
 def _front_root(request: Request) -> str:
-    """The service's address of this scope, as the client reached it."""
+    """The service's address of this scope: ``POOL_PUBLIC_URL``'s when set (never a
+    caller's ``Host`` header then), else as the client reached it."""
     scope = _scope(request)
-    base = str(request.base_url).rstrip("/")
+    public = settings_of(request).public_url
+    base = (public or str(request.base_url)).rstrip("/")
     return f"{base}/gradio/{scope}" if scope is not None else f"{base}/gradio"
 
 
@@ -346,7 +349,8 @@ async def data(request: Request) -> Response:
     session = await sessions(request).find(_scope(request), session_hash, _email(request))
     if session is None:
         return JSONResponse({"detail": "Not Found"}, status_code=404)
-    return StreamingResponse(_stream(session), media_type="text/event-stream", headers=_SSE)
+    stream = bounded(request, _email(request), _stream(session))  # 429 past the cap
+    return StreamingResponse(stream, media_type="text/event-stream", headers=_SSE)
 
 
 async def _stream(session: FrontSession) -> AsyncIterator[str]:
@@ -392,8 +396,8 @@ async def heartbeat(request: Request) -> Response:
     transport = None
     with contextlib.suppress(PoolError, FrontUnavailable):  # none answers: the default
         _, transport, _ = await served(get_pool(), _scope(request))
-    return StreamingResponse(_beats(front, session, transport), media_type="text/event-stream",
-                             headers=_SSE)  # fmt: skip
+    beats = bounded(request, _email(request), _beats(front, session, transport))
+    return StreamingResponse(beats, media_type="text/event-stream", headers=_SSE)
 
 
 async def _beats(

@@ -43,10 +43,14 @@ __all__ = ["ANONYMOUS", "PIN_PREFIX", "Router", "user_key"]
 PIN_PREFIX = "pin:"
 
 
-def user_key(secret: bytes, email: str) -> str:
-    """The keyed hash that stands for an email everywhere (16 hex chars)."""
-    normalized = email.strip().lower().encode()
-    return hmac.new(secret, normalized, hashlib.sha256).hexdigest()[:16]
+def user_key(secret: bytes, email: str, scope: str = "") -> str:
+    """The keyed hash that stands for an email within ``scope`` (an API key's id, ""
+    without one) everywhere (16 hex chars). The message is the length-prefixed pair, so
+    no (scope, email) hashes like another: an email that holds a key id and a ``/`` is
+    not that key's user (issue 38)."""
+    parts = (scope.encode(), email.strip().lower().encode())
+    message = b"".join(b"%d:%s," % (len(part), part) for part in parts)
+    return hmac.new(secret, message, hashlib.sha256).hexdigest()[:16]
 
 
 class Router:

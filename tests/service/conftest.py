@@ -25,6 +25,7 @@ from typing import Any
 import httpx
 import pytest
 
+from app._http import PROTOCOL as HTTP_PROTOCOL
 from devspaces import SpaceFleet, free_port
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -73,6 +74,7 @@ class ServiceProcess:
         self.log_path = log_path
         self._log = log_path.open("wb")
         command = [sys.executable, "-m", "uvicorn", "app.main:app", "--host", "127.0.0.1"]
+        command += ["--http", HTTP_PROTOCOL]  # as every way the project starts it
         command += ["--port", str(self.port), "--log-level", "warning", "--workers", str(workers)]
         self.proc = subprocess.Popen(
             command,

@@ -94,9 +94,10 @@ async def test_the_admin_contract_shows_a_key_once_and_never_its_hash(
 async def test_two_keys_with_limits_one_and_three_never_exceed_them_at_the_space(
     service: ServiceProcess, spaces: SpaceFleet
 ) -> None:
-    """Key A (limit 1) and key B (limit 3) each send 6 calls at once to one Space: on
-    the Space's own clock A never has more than 1 in flight and B never more than 3,
-    and B does reach 3 (its limit is a limit, not a cap of 1)."""
+    """Key A (limit 1) and key B (limit 3) each send 6 calls at once to one Space (each
+    call a user of its own: a key's anonymous callers are one consumer): on the Space's
+    own clock A never has more than 1 in flight and B never more than 3, and B does
+    reach 3 (its limit is a limit, not a cap of 1)."""
     space = next(iter(spaces))
     a = await create_key(service, name="limit-one", max_concurrent=1)
     b = await create_key(service, name="limit-three", max_concurrent=3)
@@ -104,7 +105,9 @@ async def test_two_keys_with_limits_one_and_three_never_exceed_them_at_the_space
 
     async def call(key: str, tag: str, client: httpx.AsyncClient) -> int:
         response = await client.post(
-            "/api/predict", json=echo(tag, 0.5, space=space.name), headers=bearer(key)
+            "/api/predict",
+            json={**echo(tag, 0.5, space=space.name), "email": f"{tag.lower()}@example.com"},
+            headers=bearer(key),
         )
         return response.status_code
 

@@ -58,11 +58,11 @@ def service(lone_space: SpaceProcess, tmp_path: Path) -> Iterator[ServiceProcess
         started.stop()
 
 
-def fresh_client(service: ServiceProcess) -> httpx.AsyncClient:
+def fresh_client(service: ServiceProcess, **kwargs: Any) -> httpx.AsyncClient:
     """A client that opens a new connection per request: one kept alive to a frozen
     worker would hang (a new one goes to a worker that accepts)."""
     limits = httpx.Limits(max_keepalive_connections=0)
-    return httpx.AsyncClient(base_url=service.url, timeout=30, limits=limits)
+    return httpx.AsyncClient(base_url=service.url, timeout=30, limits=limits, **kwargs)
 
 
 async def follow(client: httpx.AsyncClient, job_id: str) -> list[dict[str, Any]]:
@@ -229,7 +229,7 @@ async def test_a_reclaimed_job_runs_as_its_api_keys(
     assert owned == 6
     killed_at = time.time()  # the Space's clock: the same host's
     os.kill(pid, signal.SIGKILL)
-    async with fresh_client(service) as client:
+    async with fresh_client(service, headers=admin_headers()) as client:  # every key's jobs
         deadline = time.monotonic() + TTL_S + 30
         while True:
             views = {j: (await client.get(f"/api/jobs/{j}")).json() for j in owners}
