@@ -187,7 +187,7 @@ class Sessions:
         try:
             if space is None:
                 now = self._clock.wall()
-                record = SessionRecord(key, None, uuid.uuid4().hex, user, None, now,
+                record = SessionRecord(key, None, uuid.uuid4().hex, identity(user), None, now,
                                        indexed=now, app=app)  # fmt: skip
                 await self._values().put(key, record.dumps(), self.idle_s)
                 return self.view(session_id, record)
