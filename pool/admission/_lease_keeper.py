@@ -344,8 +344,8 @@ class SharedCoordinator:
 
     # -- state machine: no await below -----------------------------------------------------
     def _learn(self, view: StoreView) -> None:
-        if view.limits is not None:
-            self._limits = dict(view.limits)
+        if view.limits is not None:  # a store may tell only the limits of some resources
+            self._limits.update(view.limits)
         if view.mean_hold_s is not None:
             self._mean_hold_s = view.mean_hold_s
         self._resolve(view.granted)

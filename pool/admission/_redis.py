@@ -107,8 +107,13 @@ from ._rule import INTERACTIVE, RANK
 _log = logging.getLogger("spacepool.admission")
 
 # "gone" is last on purpose: other keys may be added before it (KEYS[10] in the script).
-_KEYS = ("meta", "limits", "held", "queue", "waiters", "wexp", "leases", "lexp", "lanes", "gone")
+_KEYS = (
+    "meta", "limits", "held", "queue", "waiters", "leases", "lanes", "park", "spot", "cwait",
+    "wake", "aging", "owners", "owned", "inbox", "qcount", "gone",
+)  # fmt: skip
 _OPS_PER_RUN = 32  # operations per script run at most: Redis runs one script at a time
+_CHUNK = 256  # ids per script run in a restore, a drop or a check (none runs over all)
+_POLL_IDS = 64  # our waiters whose positions one poll refreshes (rotating through all)
 
 _SCRIPT = load_script("admission.lua")
 
@@ -179,7 +184,9 @@ class _RedisStore:
         self._sha = hashlib.sha1(_SCRIPT.encode()).hexdigest()
         self._batch: list[tuple[list[str | int | float], asyncio.Future[list[Any]]]] = []
         self._flushes: set[asyncio.Task[None]] = set()
-        self._keys = [prefix + k for k in _KEYS]
+        self._keys = [prefix + k for k in _KEYS]  # one prefix: a hash tag goes there
+        self.last_work = 0  # the work of the last script run (commands + elements)
+        self._poll_from = 0  # where the next poll's slice of our waiters starts
         self._channels = prefix + "grants:"
         self._epoch = ""
         self._restoring = False
@@ -254,6 +261,8 @@ class _RedisStore:
         out: list[Any] = []
         for run, reply in zip(runs, replies, strict=True):
             results = reply if isinstance(reply, Exception) else json.loads(reply)
+            if isinstance(results, list) and results and isinstance(results[-1], int):
+                self.last_work = results.pop()  # the run's work, last (see admission.lua)
             if not isinstance(results, list) or len(results) != len(run):
                 results = ResponseError(f"spacepool: {len(run)} operations, reply {reply!r}")
             out.extend([results] * len(run) if isinstance(results, Exception) else results)
@@ -302,28 +311,39 @@ class _RedisStore:
             self._restoring = False
 
     async def _restore_once(self) -> None:
+        """Re-register our limits, leases and waiters (in that order), ``_CHUNK`` ids
+        per script run: the first run settles the epoch, the others name it."""
         leases, waiters = self._local.local_entries() if self._local else ([], [])
         # "?" for a client that never saw an epoch but lost contact: it cannot vouch
         # that the store was not reset while it was away, so it asks for a quarantine.
         seen = self._epoch or ("?" if self._lost_contact else "")
-        args: list[str | int | float] = [seen, new_id(), self._ttl_ms, self._secret or ""]
-        args.append(len(self._limits_set))
-        for name, limit in self._limits_set.items():
-            args += [name, limit]
-        for entries in (leases, waiters):
-            args.append(len(entries))
-            for key, resources in entries:
-                args += [key, json.dumps(list(resources))]
-        reply = await self._eval("restore", self._owner, args)
+        entries = [(0, e) for e in leases] + [(1, e) for e in waiters]
+        chunks = [entries[i : i + _CHUNK] for i in range(0, len(entries), _CHUNK)] or [[]]
+        refused: list[str] = []
+        epoch = ""
+        for number, chunk in enumerate(chunks):
+            args: list[str | int | float] = [seen, new_id(), self._ttl_ms, self._secret or ""]
+            limits = self._limits_set if number == 0 else {}
+            args.append(len(limits))
+            for name, limit in limits.items():
+                args += [name, limit]
+            for kind in (0, 1):
+                part = [e for k, e in chunk if k == kind]
+                args.append(len(part))
+                for key, resources in part:
+                    args += [key, json.dumps(list(resources))]
+            reply = await self._eval("restore", self._owner, args)
+            epoch = str(reply[1])
+            seen = epoch  # the later chunks: the same store, no new quarantine
+            refused += [str(key) for key in reply[2]]
         self._lost_contact = False
-        refused = [str(key) for key in reply[2]]
-        if (self._epoch and reply[1] != self._epoch) or refused:
+        if (self._epoch and epoch != self._epoch) or refused:
             _log.warning(
                 "redis admission store %s was reset; re-registered %d lease(s) (%d refused: "
                 "their slots were given away), %d waiter(s)",
                 self._where, len(leases) - len(refused), len(refused), len(waiters),
             )
-        self._epoch = str(reply[1])
+        self._epoch = epoch
         if refused and self._local is not None:
             self._local.entries_lost(refused)
 
@@ -353,19 +373,40 @@ class _RedisStore:
         return _view(reply)
 
     async def poll(self, waiting: Sequence[str]) -> StoreView:
-        return _view(await self._call("poll", *waiting))
+        """Grants we missed (our inbox in the store) and the positions of a slice of
+        ``waiting``: each poll the next ``_POLL_IDS`` of them, so a position is at most
+        ``len(waiting) / _POLL_IDS`` polls old (an upper bound: the queue only moves
+        forward), and no script runs over all of our waiters."""
+        start = self._poll_from if self._poll_from < len(waiting) else 0
+        part = list(waiting[start : start + _POLL_IDS])
+        self._poll_from = start + len(part)
+        return _view(await self._call("poll", *part))
 
     async def renew(self, ids: Sequence[str]) -> set[str]:
-        reply = await self._call("renew", self._ttl_ms, *ids)
-        missing = set(reply[1])
+        """One renewal of our own liveness, whatever we hold (``ids`` only counted).
+
+        The store counts the entries it holds for us; only when it holds fewer than
+        ``ids`` (an older snapshot, a reset, our deadline passed) are they checked, a
+        chunk per script run, and our live leases re-registered."""
+        reply = await self._call("renew", self._ttl_ms, len(ids))
+        if reply[1] and int(reply[2]) >= len(ids):
+            return set()
+        missing = await self._missing(ids)
         live = {key for key, _ in self._local.local_entries()[0]} if self._local else set()
         if missing & live:  # a live lease the store forgot (an older snapshot): restore
             await self._restore()
-            missing = set((await self._call("renew", self._ttl_ms, *missing))[1])
+            missing = await self._missing(sorted(missing))
+        return missing
+
+    async def _missing(self, ids: Sequence[str]) -> set[str]:
+        missing: set[str] = set()
+        for i in range(0, len(ids), _CHUNK):
+            missing.update((await self._call("check", *ids[i : i + _CHUNK]))[1])
         return missing
 
     async def drop(self, ids: Sequence[str]) -> None:
-        await self._call("drop", *ids)
+        for i in range(0, len(ids), _CHUNK):
+            await self._call("drop", *ids[i : i + _CHUNK])
 
     async def set_limits(self, limits: Mapping[str, int]) -> StoreView:
         self._limits_set.update(limits)  # re-registered if the store is ever reset
