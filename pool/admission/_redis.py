@@ -6,21 +6,36 @@ atomic on the server and costs one round trip. The state, under a configurable k
 Redis Cluster, as every script touches all the keys)::
 
     meta      HASH   epoch, born, quarantine, seq, mean (hold-time EWMA), secret,
-                     next_expiry (no deadline is earlier: reclaim has nothing to do)
-    limits    HASH   resource or prefix ("consumer:") -> limit
+                     tomb_ms, waiting and batch (counts of waiters)
+    limits    HASH   resource or prefix ("consumer:") -> limit (read per resource)
     held      HASH   resource -> holders (kept in step with ``leases`` by the scripts)
     queue     ZSET   waiter id scored by class rank * 2^40 + a global sequence (HINCRBY
-                     meta seq): the rank order, for positions
-    waiters   HASH   waiter id -> {o: owner, t: ttl_ms, r: resources, p: class rank,
-                     a: ages_at (ms; batch ranks as interactive from then), m: lane key}
-    wexp      ZSET   waiter id scored by its expiry (ms, server clock)
-    leases    HASH   lease id -> the same record; a granted waiter keeps its id
-    lexp      ZSET   lease id scored by its expiry
-    lanes     ZSET   all scores 0, members ``lane SEP rank SEP seq(15 digits) SEP id``
-                     with SEP = chr(1): each lane and class is a contiguous range, in
-                     arrival order (issue 18)
+                     meta seq): the rank order, for positions (ZRANK)
+    waiters   HASH   waiter id -> {o: owner, r: resources, p: class rank, a: ages_at
+                     (ms; batch ranks as interactive from then), s: seq, l: lane,
+                     m: its ``lanes`` member, c: its ``cwait`` member while there}
+    leases    HASH   lease id -> {o, r}; a granted waiter keeps its id
+    lanes     ZSET   all scores 0, members ``sub SEP seq(15 digits) SEP id``, sub =
+                     ``lane SEP class``, SEP = chr(1): each lane and class (a sub-lane)
+                     is a contiguous range, in arrival order (issue 18)
+    park      ZSET   the ready set (issue 39): each non-empty sub-lane once, as ``where
+                     SEP key SEP sub``; where = "" (ready) or the full shared resource
+                     that blocks its head; key = the head's rank and seq
+    spot      HASH   sub-lane -> ``where SEP key`` (its ``park`` member)
+    cwait     ZSET   ``consumer SEP key SEP id``: waiters held back by their consumer
+    wake      SET    resources that freed a slot since the last grant pass
+    aging     ZSET   batch waiter ids by ages_at, until they rank as interactive
+    owners    ZSET   owner -> liveness deadline (ms, server clock): one per process
+    owned     ZSET   ``owner SEP id`` for every lease and waiter
+    inbox     ZSET   ``owner SEP id``: grants made by another process, for its poll
+    qcount    HASH   resource -> waiters that need it (the snapshot's ``queued``)
     gone      ZSET   tombstones: withdrawn, released, dropped or expired ids scored by
                      when they may be forgotten (>= one lease TTL later; see below)
+
+Every key is ``prefix + name`` (``_KEYS``): a hash tag for Redis Cluster goes in the
+prefix, in one place. Each script run does bounded work whatever the number of waiters,
+Spaces and consumers (docs/leases.md, "The Redis store at fleet scale"); it returns its
+work (commands + elements returned) after its results, kept in :attr:`_RedisStore.last_work`.
 
 Shared values live under the same prefix (``values:<ns>``, ``vexp:<ns>``; each write
 announced on ``changed``), read and written by their own script
@@ -28,19 +43,22 @@ announced on ``changed``), read and written by their own script
 
 Why it is shaped this way:
 
-* **Same rule, in the server.** ``grant_pass`` in the script is a line-for-line port
-  of :func:`pool.admission._rule.plan_grants`: the heads of the lanes (``lanes``)
-  merged in rank order, a waiter that fits is granted, a waiter short of a shared
-  resource closes its lane for the pass, one short of its ``consumer:`` slot only is
-  skipped. Keep the two in step.
-* **Expiry is data.** Deadlines of leases and waiters live in ZSETs and every script
-  starts by reclaiming what is past due (``TIME`` of the server, so host clocks do
-  not matter). No janitor process is needed.
+* **Same rule, in the server.** ``grant_pass`` in the script applies
+  :func:`pool.admission._rule.plan_grants` incrementally: the ready sub-lanes and those
+  parked under a resource that freed a slot, merged in rank order; a waiter that fits
+  is granted, a waiter short of a shared resource parks its sub-lane under it, one
+  short of its ``consumer:`` slot only waits under that consumer (``cwait``) until it
+  frees a slot. Keep the two in step.
+* **Liveness is data, per owner.** Each process renews one deadline (``owners``)
+  whatever it holds; its entries live as long as it does. Every script starts by
+  dropping a bounded share of the entries of owners past their deadline (``TIME`` of
+  the server, so host clocks do not matter). No janitor process is needed.
 * **Push, then poll.** A script that grants waiters of other processes PUBLISHes
   their ids on ``<prefix>grants:<owner>``; each process has ONE subscriber of it
   that resolves its local futures (``_redis_values.listen``, also the values' one).
   A slow safety poll (``?poll_ms=``, default 500) covers a lost message and lets
-  waiting processes reclaim a crashed process's slots.
+  waiting processes reclaim a crashed process's slots. Grants made by another process
+  also go to the owner's ``inbox``, which its poll reads: a lost message costs one poll.
 * **Batched.** Operations made in the same event-loop iteration (concurrent
   acquires and releases) go out together: one round trip, and one script run for up
   to ``_OPS_PER_RUN`` of them, applied in order, each against its own epoch. Per
