@@ -72,8 +72,8 @@ class Script:
         return self.run([op, *args])[0], self.work
 
 
-def enqueue(wid: str, resources: list[str], rank: int = 0) -> list[Any]:
-    return ["enqueue", wid, json.dumps(resources), TTL_MS, rank, 600_000]
+def enqueue(wid: str, resources: list[str], rank: int = 0, ages_ms: int = 600_000) -> list[Any]:
+    return ["enqueue", wid, json.dumps(resources), TTL_MS, rank, ages_ms]
 
 
 @pytest.fixture
