@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import statistics
 import subprocess
 import sys
 import time
@@ -98,7 +99,7 @@ async def _run_side(base: str, crowd: int, spaces: int, seconds: float) -> tuple
     from pool.admission import open_coordinator
 
     prefix = f"spacepool-bench-{uuid.uuid4().hex[:8]}:"
-    url = f"{base}?prefix={prefix}"
+    url = f"{base}?prefix={prefix}&timeout_ms=5000"  # a loaded box: no spurious 503s
     parker = open_coordinator(url)
     holders: list[Any] = []
     waiting: list[asyncio.Task[Any]] = []
@@ -144,6 +145,107 @@ def _drop_prefix(url: str, prefix: str) -> None:
             client.delete(*keys[i : i + 1000])
 
 
+async def _fill(parker: Any, spaces: int, crowd: int, backlog: int) -> list[Any]:
+    """Every Space full, ``crowd`` waiters parked over them, ``backlog`` calls of one
+    consumer queued past its limit; returns the tasks (the caller cancels them)."""
+    limits = {GLOBAL: spaces + PROCESSES * TASKS + 8, "space:": 1, "space:free": 1 << 20}
+    await parker.set_limits({**limits, "consumer:": 4})
+    await asyncio.gather(
+        *(parker.acquire([GLOBAL, f"space:{s}"], timeout=60) for s in range(spaces))
+    )
+    await asyncio.gather(
+        *(parker.acquire(["space:free", "consumer:big"], timeout=60) for _ in range(4))
+    )
+    tasks = [
+        asyncio.create_task(
+            parker.acquire([GLOBAL, f"space:{i % spaces}", f"consumer:c{i % 100}"], timeout=3600)
+        )
+        for i in range(crowd)
+    ]
+    tasks += [
+        asyncio.create_task(parker.acquire(["space:free", "consumer:big"], timeout=3600))
+        for _ in range(backlog)
+    ]
+    while (await parker.snapshot()).waiting < crowd + backlog:
+        await asyncio.sleep(0.01)
+    return tasks
+
+
+async def _ops_side(base: str, spaces: int, crowd: int, backlog: int, n: int) -> dict[str, float]:
+    """Median ms of one process's acquire+release, and of a cancel, on a fresh prefix."""
+    from pool.admission import WaitTicket, open_coordinator
+
+    prefix = f"spacepool-bench-{uuid.uuid4().hex[:8]}:"
+    url = f"{base}?prefix={prefix}&timeout_ms=5000"  # a loaded box: no spurious 503s
+    parker, actor = open_coordinator(url), open_coordinator(url)
+    tasks: list[Any] = []
+    try:
+        tasks = await _fill(parker, spaces, crowd, backlog)
+        cycles, cancels = [], []
+        for i in range(n):
+            start = time.perf_counter()
+            lease = await actor.acquire([GLOBAL, "space:free", "consumer:me"], timeout=30)
+            await actor.release(lease)
+            cycles.append(time.perf_counter() - start)
+            ticket = WaitTicket()
+            queued = actor.acquire([GLOBAL, f"space:{i % spaces}"], timeout=30, ticket=ticket)
+            task = asyncio.create_task(queued)
+            while ticket.position == 0:
+                await asyncio.sleep(0)
+            start = time.perf_counter()
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+            cancels.append(time.perf_counter() - start)
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await actor.aclose()
+        await parker.aclose()
+        _drop_prefix(base, prefix)
+    return {"cycle": 1000 * statistics.median(cycles), "cancel": 1000 * statistics.median(cancels)}
+
+
+async def ops_rows(base: str, *, quick: bool) -> list[Result]:
+    """One process's operations on a crowded store against the same on a 1-waiter,
+    1-Space store, sides interleaved (issue 39, item 4's figures for Redis)."""
+    crowd, spaces = (1_000, 100) if quick else (10_000, 1_000)
+    rounds, n = (1, 30) if quick else (3, 150)
+    sides = {"small": (1, 1, 0), "crowd": (spaces, crowd, 0), "backlog": (1, 1, crowd)}
+    got: dict[str, list[dict[str, float]]] = {k: [] for k in sides}
+    for r in range(rounds):
+        for side in list(sides) if r % 2 == 0 else list(sides)[::-1]:
+            got[side].append(await _ops_side(base, *sides[side], n=n))
+
+    def row(label: str, side: str, op: str) -> Result:
+        ours = [g[op] for g in got[side]]
+        small = [g[op] for g in got["small"]]
+        return Result(
+            "scale-redis-fleet",
+            label,
+            "ms",
+            Summary.of(ours),
+            "crowded",
+            Summary.of(small),
+            "1 waiter, 1 Space",
+            ratio=Summary.of([a / b for a, b in zip(ours, small, strict=True)]),
+            goal="≤ 1.5×",
+            met=Summary.of(ours).median <= 1.5 * Summary.of(small).median,
+            note=f"{rounds} rounds × {n} sequential operations, median per round; 1 process",
+        )
+
+    where = f"{crowd:,} waiters over {spaces:,} Spaces"
+    return [
+        row(f"Redis, 1 process: acquire+release, {where}", "crowd", "cycle"),
+        row(f"Redis, 1 process: cancel of a waiter, {where}", "crowd", "cancel"),
+        row(
+            f"Redis, 1 process: acquire+release beside another consumer's {crowd:,}-call backlog",
+            "backlog",
+            "cycle",
+        ),
+    ]
+
+
 async def fleet_rows(*, quick: bool) -> list[Result]:
     base = redis_url()
     crowd, spaces = (1_000, 100) if quick else (10_000, 1_000)
@@ -170,6 +272,7 @@ async def fleet_rows(*, quick: bool) -> list[Result]:
     ours = Summary.of(crowded)
     fill = Summary.of(fills)
     return [
+        *await ops_rows(base, quick=quick),
         Result(
             "scale-redis-fleet",
             f"{label}: acquire+release",
@@ -187,7 +290,7 @@ async def fleet_rows(*, quick: bool) -> list[Result]:
                 f"(median over rounds)"
             ),
             detail={"crowded": crowded, "empty": empty, "fill_ms_per_enqueue": fills},
-        )
+        ),
     ]
 
 
