@@ -101,17 +101,16 @@ async def _run_side(base: str, crowd: int, spaces: int, seconds: float) -> tuple
     prefix = f"spacepool-bench-{uuid.uuid4().hex[:8]}:"
     url = f"{base}?prefix={prefix}&timeout_ms=5000"  # a loaded box: no spurious 503s
     parker = open_coordinator(url)
-    holders: list[Any] = []
     waiting: list[asyncio.Task[Any]] = []
     per_enqueue_ms = float("nan")
     try:
         # The cyclers never wait: global room for all of them, their Space unlimited.
-        await parker.set_limits({GLOBAL: spaces + PROCESSES * TASKS + 8, "space:": 1,
-                                 "space:free": 1 << 20, "consumer:": 1 << 20})  # fmt: skip
+        limits = {GLOBAL: spaces + PROCESSES * TASKS + 8, "space:": 1, "space:free": 1 << 20}
+        await parker.set_limits({**limits, "consumer:": 1 << 20})
         if crowd:
-            holders = list(await asyncio.gather(
+            await asyncio.gather(
                 *(parker.acquire([GLOBAL, f"space:{s}"], timeout=60) for s in range(spaces))
-            ))  # fmt: skip
+            )
             start = time.perf_counter()
             waiting = [
                 asyncio.create_task(
@@ -125,13 +124,9 @@ async def _run_side(base: str, crowd: int, spaces: int, seconds: float) -> tuple
                 await asyncio.sleep(0.01)
             per_enqueue_ms = (time.perf_counter() - start) * 1000 / crowd
         rate = await asyncio.to_thread(_cycles, url, seconds)
-    finally:
-        for task in waiting:
-            task.cancel()
-        await asyncio.gather(*waiting, return_exceptions=True)
-        for lease in holders:
-            await parker.release(lease)
+    finally:  # the close drops every lease and waiter, 256 per script run
         await parker.aclose()
+        await asyncio.gather(*waiting, return_exceptions=True)
         _drop_prefix(base, prefix)
     return rate, per_enqueue_ms
 
@@ -196,12 +191,10 @@ async def _ops_side(base: str, spaces: int, crowd: int, backlog: int, n: int) ->
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
             cancels.append(time.perf_counter() - start)
-    finally:
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+    finally:  # the close drops every lease and waiter, 256 per script run
         await actor.aclose()
         await parker.aclose()
+        await asyncio.gather(*tasks, return_exceptions=True)
         _drop_prefix(base, prefix)
     return {"cycle": 1000 * statistics.median(cycles), "cancel": 1000 * statistics.median(cancels)}
 
