@@ -309,6 +309,7 @@ local function grant_pass()
   if quarantined() then return {} end
   age()
   local woken, grants, budget, returned = {}, {}, PASS_BUDGET, 0
+  local later = {}                             -- woken, but for the next pass
   local function load_wake()
     local got = R('SPOP', WAKE, 64)
     for _, r in ipairs(got) do woken[r] = true end
@@ -327,7 +328,7 @@ local function grant_pass()
       end
       if not c then
         if private and returned >= RETURN_BUDGET and not is_full(r) then
-          R('SADD', WAKE, r)                  -- the rest of its waiters: next time
+          later[#later + 1] = r               -- the rest of its waiters: next time
         end
         woken[r] = nil
       else
@@ -390,8 +391,10 @@ local function grant_pass()
     end
   end
   if budget <= 0 then                          -- unfinished: the next operation goes on
-    for r in pairs(woken) do R('SADD', WAKE, r) end
+    for r in pairs(woken) do later[#later + 1] = r end
   end
+  -- Put back only now: a pass never takes up again what it set aside (it would loop).
+  if #later > 0 then R('SADD', WAKE, unpack(later)) end
   local mine, others = {}, {}
   for _, g in ipairs(grants) do
     if g.o == owner then
