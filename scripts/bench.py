@@ -12,7 +12,9 @@ harness), ``queue`` (a store's hand-off with 500 waiters queued vs 10), ``stores
 threads and RSS at 150 used connections, first-partial lag; also
 ``scripts/bench_transport.py``), ``replicas`` and ``replicas-mixed`` (replicas used to
 their real capacity, issue 31), ``limit`` (saturation and latency against an oracle on
-the native transport without the pool; scripts/_bench_replicas.py).
+the native transport without the pool; scripts/_bench_replicas.py),
+``scale-redis-fleet`` (4 processes' acquire+release with 10,000 waiters parked over
+1,000 Spaces vs an empty Redis store; scripts/_bench_fleet.py).
 
 Everything runs against real Gradio apps on 127.0.0.1 (``devspaces``), the compared
 variants interleaved in repetitions; each figure is a median with its min–max over
@@ -71,7 +73,7 @@ from devspaces import SpaceFleet  # noqa: E402
 
 ROWS = (
     "cycle", "fairness", "queue", "stores", "fresh", "raw", "saturation", "rss", "transport",
-    "replicas", "replicas-mixed", "limit",
+    "replicas", "replicas-mixed", "limit", "scale-redis-fleet",
 )  # fmt: skip
 NEEDS_SPACES = frozenset({"fresh", "raw", "saturation", "rss", "transport", "limit"})
 
@@ -296,6 +298,10 @@ class Runner:
                     latency_calls=p.lim_latency_calls,
                 )
             )
+        if key == "scale-redis-fleet":
+            from _bench_fleet import fleet_rows
+
+            return asyncio.run(fleet_rows(quick=p != FULL))
         raise ValueError(key)
 
     @contextlib.contextmanager

@@ -20,7 +20,9 @@ for each process is the same for both stores, so it lives here once
 * **One heartbeat per process** renews every local lease and waiter entry each
   ``lease_ttl/3``, and retries a failed renewal every ``min(lease_ttl/9, 0.5 s)``: the
   rhythm of every owner in the fleet (:mod:`pool.admission._ownership`, which durable
-  jobs follow too).
+  jobs follow too). The store decides what a renewal costs: Redis renews one liveness
+  deadline for the whole process, whatever it holds (its entries are only counted);
+  SQLite renews each entry.
   A SIGKILLed process stops renewing; anybody's next pass reclaims its slots and
   queue entries after ``lease_ttl``.
 * **Self-fencing.** Each lease knows its *local expiry*: the send time of the last
@@ -344,8 +346,8 @@ class SharedCoordinator:
 
     # -- state machine: no await below -----------------------------------------------------
     def _learn(self, view: StoreView) -> None:
-        if view.limits is not None:
-            self._limits = dict(view.limits)
+        if view.limits is not None:  # a store may tell only the limits of some resources
+            self._limits.update(view.limits)
         if view.mean_hold_s is not None:
             self._mean_hold_s = view.mean_hold_s
         self._resolve(view.granted)

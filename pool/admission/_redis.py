@@ -13,21 +13,36 @@ atomic on the server and costs one round trip. The state, under a configurable k
     layout    STRING the layout's version (:mod:`pool.admission._store_layout`)
 
     meta      HASH   epoch, born, quarantine, seq, mean (hold-time EWMA), secret,
-                     next_expiry (no deadline is earlier: reclaim has nothing to do)
-    limits    HASH   resource or prefix ("consumer:") -> limit
+                     tomb_ms, waiting and batch (counts of waiters)
+    limits    HASH   resource or prefix ("consumer:") -> limit (read per resource)
     held      HASH   resource -> holders (kept in step with ``leases`` by the scripts)
     queue     ZSET   waiter id scored by class rank * 2^40 + a global sequence (HINCRBY
-                     meta seq): the rank order, for positions
-    waiters   HASH   waiter id -> {o: owner, t: ttl_ms, r: resources, p: class rank,
-                     a: ages_at (ms; batch ranks as interactive from then), m: lane key}
-    wexp      ZSET   waiter id scored by its expiry (ms, server clock)
-    leases    HASH   lease id -> the same record; a granted waiter keeps its id
-    lexp      ZSET   lease id scored by its expiry
-    lanes     ZSET   all scores 0, members ``lane SEP rank SEP seq(15 digits) SEP id``
-                     with SEP = chr(1): each lane and class is a contiguous range, in
-                     arrival order (issue 18)
+                     meta seq): the rank order, for positions (ZRANK)
+    waiters   HASH   waiter id -> {o: owner, r: resources, p: class rank, a: ages_at
+                     (ms; batch ranks as interactive from then), s: seq, l: lane,
+                     m: its ``lanes`` member, c: its ``cwait`` member while there}
+    leases    HASH   lease id -> {o, r}; a granted waiter keeps its id
+    lanes     ZSET   all scores 0, members ``sub SEP seq(15 digits) SEP id``, sub =
+                     ``lane SEP class``, SEP = chr(1): each lane and class (a sub-lane)
+                     is a contiguous range, in arrival order (issue 18)
+    park      ZSET   the ready set (issue 39): each non-empty sub-lane once, as ``where
+                     SEP key SEP sub``; where = "" (ready) or the full shared resource
+                     that blocks its head; key = the head's rank and seq
+    spot      HASH   sub-lane -> ``where SEP key`` (its ``park`` member)
+    cwait     ZSET   ``consumer SEP key SEP id``: waiters held back by their consumer
+    wake      SET    resources that freed a slot since the last grant pass
+    aging     ZSET   batch waiter ids by ages_at, until they rank as interactive
+    owners    ZSET   owner -> liveness deadline (ms, server clock): one per process
+    owned     ZSET   ``owner SEP id`` for every lease and waiter
+    inbox     ZSET   ``owner SEP id``: grants made by another process, for its poll
+    qcount    HASH   resource -> waiters that need it (the snapshot's ``queued``)
     gone      ZSET   tombstones: withdrawn, released, dropped or expired ids scored by
                      when they may be forgotten (>= one lease TTL later; see below)
+
+Every key is ``prefix + name`` (``_KEYS``): a hash tag for Redis Cluster goes in the
+prefix, in one place. Each script run does bounded work whatever the number of waiters,
+Spaces and consumers (docs/leases.md, "The Redis store at fleet scale"); it returns its
+work (commands + elements returned) after its results, kept in :attr:`_RedisStore.last_work`.
 
 Shared values live under the same prefix (``values:<ns>``, ``vexp:<ns>``; each write
 announced on ``changed``), read and written by their own script
@@ -35,19 +50,22 @@ announced on ``changed``), read and written by their own script
 
 Why it is shaped this way:
 
-* **Same rule, in the server.** ``grant_pass`` in the script is a line-for-line port
-  of :func:`pool.admission._rule.plan_grants`: the heads of the lanes (``lanes``)
-  merged in rank order, a waiter that fits is granted, a waiter short of a shared
-  resource closes its lane for the pass, one short of its ``consumer:`` slot only is
-  skipped. Keep the two in step.
-* **Expiry is data.** Deadlines of leases and waiters live in ZSETs and every script
-  starts by reclaiming what is past due (``TIME`` of the server, so host clocks do
-  not matter). No janitor process is needed.
+* **Same rule, in the server.** ``grant_pass`` in the script applies
+  :func:`pool.admission._rule.plan_grants` incrementally: the ready sub-lanes and those
+  parked under a resource that freed a slot, merged in rank order; a waiter that fits
+  is granted, a waiter short of a shared resource parks its sub-lane under it, one
+  short of its ``consumer:`` slot only waits under that consumer (``cwait``) until it
+  frees a slot. Keep the two in step.
+* **Liveness is data, per owner.** Each process renews one deadline (``owners``)
+  whatever it holds; its entries live as long as it does. Every script starts by
+  dropping a bounded share of the entries of owners past their deadline (``TIME`` of
+  the server, so host clocks do not matter). No janitor process is needed.
 * **Push, then poll.** A script that grants waiters of other processes PUBLISHes
   their ids on ``<prefix>grants:<owner>``; each process has ONE subscriber of it
   that resolves its local futures (``_redis_values.listen``, also the values' one).
   A slow safety poll (``?poll_ms=``, default 500) covers a lost message and lets
-  waiting processes reclaim a crashed process's slots.
+  waiting processes reclaim a crashed process's slots. Grants made by another process
+  also go to the owner's ``inbox``, which its poll reads: a lost message costs one poll.
 * **Batched.** Operations made in the same event-loop iteration (concurrent
   acquires and releases) go out together: one round trip, and one script run for up
   to ``_OPS_PER_RUN`` of them, applied in order, each against its own epoch. Per
@@ -120,8 +138,13 @@ from ._store_layout import (
 _log = logging.getLogger("spacepool.admission")
 
 # "gone" is last on purpose: other keys may be added before it (KEYS[10] in the script).
-_KEYS = ("meta", "limits", "held", "queue", "waiters", "wexp", "leases", "lexp", "lanes", "gone")
+_KEYS = (
+    "meta", "limits", "held", "queue", "waiters", "leases", "lanes", "park", "spot", "cwait",
+    "wake", "aging", "owners", "owned", "inbox", "qcount", "gone",
+)  # fmt: skip
 _OPS_PER_RUN = 32  # operations per script run at most: Redis runs one script at a time
+_CHUNK = 256  # ids per script run in a restore, a drop or a check (none runs over all)
+_POLL_IDS = 64  # our waiters whose positions one poll refreshes (rotating through all)
 
 _SCRIPT = load_script("admission.lua")
 
@@ -207,6 +230,8 @@ class _RedisStore:
         self._batch: list[tuple[list[str | int | float], asyncio.Future[list[Any]]]] = []
         self._flushes: set[asyncio.Task[None]] = set()
         self._use_prefix()
+        self.last_work = 0  # the work of the last script run (commands + elements)
+        self._poll_from = 0  # where the next poll's slice of our waiters starts
         self._epoch = ""
         self._restoring = False
         self._lost_contact = False  # we may have missed an epoch while Redis was away
@@ -292,6 +317,8 @@ class _RedisStore:
         out: list[Any] = []
         for run, reply in zip(runs, replies, strict=True):
             results = reply if isinstance(reply, Exception) else json.loads(reply)
+            if isinstance(results, list) and results and isinstance(results[-1], int):
+                self.last_work = results.pop()  # the run's work, last (see admission.lua)
             if not isinstance(results, list) or len(results) != len(run):
                 results = ResponseError(f"spacepool: {len(run)} operations, reply {reply!r}")
             out.extend([results] * len(run) if isinstance(results, Exception) else results)
@@ -427,6 +454,8 @@ class _RedisStore:
             self._restoring = False
 
     async def _restore_once(self) -> None:
+        """Re-register our limits, leases and waiters (in that order), ``_CHUNK`` ids
+        per script run: the first run settles the epoch, the others name it."""
         # The store may have been reset under us: record the layout again first. If a
         # process of another layout got there first, this one stops admitting (503s and
         # an error in the log) rather than mix with it.
@@ -439,24 +468,33 @@ class _RedisStore:
         # "?" for a client that never saw an epoch but lost contact: it cannot vouch
         # that the store was not reset while it was away, so it asks for a quarantine.
         seen = self._epoch or ("?" if self._lost_contact else "")
-        args: list[str | int | float] = [seen, new_id(), self._ttl_ms, self._secret or ""]
-        args.append(len(self._limits_set))
-        for name, limit in self._limits_set.items():
-            args += [name, limit]
-        for entries in (leases, waiters):
-            args.append(len(entries))
-            for key, resources in entries:
-                args += [key, json.dumps(list(resources))]
-        reply = await self._eval("restore", self._owner, args)
+        entries = [(0, e) for e in leases] + [(1, e) for e in waiters]
+        chunks = [entries[i : i + _CHUNK] for i in range(0, len(entries), _CHUNK)] or [[]]
+        refused: list[str] = []
+        epoch = ""
+        for number, chunk in enumerate(chunks):
+            args: list[str | int | float] = [seen, new_id(), self._ttl_ms, self._secret or ""]
+            limits = self._limits_set if number == 0 else {}
+            args.append(len(limits))
+            for name, limit in limits.items():
+                args += [name, limit]
+            for kind in (0, 1):
+                part = [e for k, e in chunk if k == kind]
+                args.append(len(part))
+                for key, resources in part:
+                    args += [key, json.dumps(list(resources))]
+            reply = await self._eval("restore", self._owner, args)
+            epoch = str(reply[1])
+            seen = epoch  # the later chunks: the same store, no new quarantine
+            refused += [str(key) for key in reply[2]]
         self._lost_contact = False
-        refused = [str(key) for key in reply[2]]
-        if (self._epoch and reply[1] != self._epoch) or refused:
+        if (self._epoch and epoch != self._epoch) or refused:
             _log.warning(
                 "redis admission store %s was reset; re-registered %d lease(s) (%d refused: "
                 "their slots were given away), %d waiter(s)",
                 self._where, len(leases) - len(refused), len(refused), len(waiters),
             )
-        self._epoch = str(reply[1])
+        self._epoch = epoch
         if refused and self._local is not None:
             self._local.entries_lost(refused)
 
@@ -486,19 +524,40 @@ class _RedisStore:
         return _view(reply)
 
     async def poll(self, waiting: Sequence[str]) -> StoreView:
-        return _view(await self._call("poll", *waiting))
+        """Grants we missed (our inbox in the store) and the positions of a slice of
+        ``waiting``: each poll the next ``_POLL_IDS`` of them, so a position is at most
+        ``len(waiting) / _POLL_IDS`` polls old (an upper bound: the queue only moves
+        forward), and no script runs over all of our waiters."""
+        start = self._poll_from if self._poll_from < len(waiting) else 0
+        part = list(waiting[start : start + _POLL_IDS])
+        self._poll_from = start + len(part)
+        return _view(await self._call("poll", *part))
 
     async def renew(self, ids: Sequence[str]) -> set[str]:
-        reply = await self._call("renew", self._ttl_ms, *ids)
-        missing = set(reply[1])
+        """One renewal of our own liveness, whatever we hold (``ids`` only counted).
+
+        The store counts the entries it holds for us; only when it holds fewer than
+        ``ids`` (an older snapshot, a reset, our deadline passed) are they checked, a
+        chunk per script run, and our live leases re-registered."""
+        reply = await self._call("renew", self._ttl_ms, len(ids))
+        if reply[1] and int(reply[2]) >= len(ids):
+            return set()
+        missing = await self._missing(ids)
         live = {key for key, _ in self._local.local_entries()[0]} if self._local else set()
         if missing & live:  # a live lease the store forgot (an older snapshot): restore
             await self._restore()
-            missing = set((await self._call("renew", self._ttl_ms, *missing))[1])
+            missing = await self._missing(sorted(missing))
+        return missing
+
+    async def _missing(self, ids: Sequence[str]) -> set[str]:
+        missing: set[str] = set()
+        for i in range(0, len(ids), _CHUNK):
+            missing.update((await self._call("check", *ids[i : i + _CHUNK]))[1])
         return missing
 
     async def drop(self, ids: Sequence[str]) -> None:
-        await self._call("drop", *ids)
+        for i in range(0, len(ids), _CHUNK):
+            await self._call("drop", *ids[i : i + _CHUNK])
 
     async def set_limits(self, limits: Mapping[str, int]) -> StoreView:
         self._limits_set.update(limits)  # re-registered if the store is ever reset

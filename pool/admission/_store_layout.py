@@ -25,7 +25,7 @@ from typing import Any
 
 _log = logging.getLogger("spacepool.admission")
 
-REDIS_LAYOUT = 1
+REDIS_LAYOUT = 2  # 2: lanes parked under a full resource, owners' liveness (issue 39)
 SQLITE_LAYOUT = 1
 _UNVERSIONED = 1  # a store made before the layout was recorded
 

@@ -211,7 +211,8 @@ def redis_prefix() -> Iterator[str]:
 
 async def test_redis_of_another_layout_is_refused(redis_prefix: str) -> None:
     """A store recorded by another release is refused in one line naming both
-    versions; an unversioned store with state (today's layout) is adopted."""
+    versions; so is an unversioned store with state (layout 1, before issue 39's index);
+    an empty one is recorded as ours."""
     url = f"{REDIS_URL}?prefix={redis_prefix}&timeout_ms=10000"
     with redis.Redis.from_url(REDIS_URL) as r:
         r.set(redis_prefix + "layout", str(REDIS_LAYOUT + 1))
@@ -229,6 +230,15 @@ async def test_redis_of_another_layout_is_refused(redis_prefix: str) -> None:
     with redis.Redis.from_url(REDIS_URL, decode_responses=True) as r:
         r.delete(redis_prefix + "layout")
         r.hset(redis_prefix + "meta", "epoch", "older")  # made before versions
+    coord = open_coordinator(url, lease_ttl_s=TTL_S)
+    try:
+        older = f"layout 1, this process uses layout {REDIS_LAYOUT}"
+        with pytest.raises(StoreRefused, match=older):
+            await coord.set_limits({"space:a": 1})
+    finally:
+        await coord.aclose()
+    with redis.Redis.from_url(REDIS_URL, decode_responses=True) as r:
+        r.delete(redis_prefix + "meta")  # an empty store: recorded as ours
     coord = open_coordinator(url, lease_ttl_s=TTL_S)
     try:
         await coord.set_limits({"space:a": 1})

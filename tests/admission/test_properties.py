@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import sqlite3
 import uuid
 from collections import Counter
@@ -197,10 +198,15 @@ async def expire(coord: Coordinator, url: str, lease: Lease) -> None:
             db.execute("UPDATE leases SET expires_at = 0 WHERE id = ?", (lease.lease_id,))
             db.commit()
     else:
-        prefix = url.partition("prefix=")[2]
+        # Liveness is per owner: the lease moves to an owner whose deadline has passed.
+        prefix = url.partition("prefix=")[2].partition("&")[0]
         with redis.Redis.from_url(REDIS_URL) as r:
-            r.zadd(prefix + "lexp", {lease.lease_id: 0})
-            r.hset(prefix + "meta", "next_expiry", 0)
+            record = json.loads(r.hget(prefix + "leases", lease.lease_id) or "{}")
+            r.zrem(prefix + "owned", f"{record['o']}\x01{lease.lease_id}")
+            record["o"] = "vanished"
+            r.hset(prefix + "leases", lease.lease_id, json.dumps(record))
+            r.zadd(prefix + "owned", {f"vanished\x01{lease.lease_id}": 0})
+            r.zadd(prefix + "owners", {"vanished": 0})
     await coord.set_limits({})
 
 

@@ -194,6 +194,17 @@ def peak(intervals: list[tuple[float, float]], since: float, until_t: float) -> 
     return top
 
 
+def holders_deadlines(lab: Lab, now_ms: float) -> list[tuple[str, float]]:
+    """The store's live owners that hold entries, with their liveness deadlines."""
+    owners = lab.store.zrangebyscore(PREFIX + "owners", now_ms, "+inf", withscores=True)
+    held = []
+    for o, deadline in owners:
+        name = o.decode() if isinstance(o, bytes) else str(o)
+        if lab.store.zlexcount(PREFIX + "owned", f"[{name}\x01", f"[{name}\x01\xff"):
+            held.append((name, float(deadline)))
+    return held
+
+
 async def oldest_unrenewed(lab: Lab, seconds: float) -> float:
     """For ``seconds``, every 50 ms: how long ago (server clock) was the store's least
     recently renewed lease renewed? A live holder renews every TTL/3 and fences its
@@ -204,10 +215,10 @@ async def oldest_unrenewed(lab: Lab, seconds: float) -> float:
         sec, usec = await asyncio.to_thread(lab.store.time)
         now_ms = sec * 1000 + usec / 1000
         # Past their deadline, leases are free already: the next script reclaims them.
-        first = await asyncio.to_thread(lab.store.zrangebyscore, PREFIX + "lexp", now_ms,
-                                        "+inf", start=0, num=1, withscores=True)  # fmt: skip
-        if first:
-            oldest = max(oldest, TTL_S - (first[0][1] - now_ms) / 1000)
+        # Liveness is per owner: each owner's deadline covers all it holds (an owner
+        # holding nothing stops renewing and is not counted).
+        for _, deadline in await asyncio.to_thread(holders_deadlines, lab, now_ms):
+            oldest = max(oldest, TTL_S - (deadline - now_ms) / 1000)
         await asyncio.sleep(0.05)
     return oldest
 
