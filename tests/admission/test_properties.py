@@ -286,3 +286,119 @@ def test_random_schedules_keep_properties_1_to_5(kind: str, tmp_path: Path) -> N
                 drop_prefix(prefix)
 
     scenario_holds()
+
+
+# -- the memory store's grant index against the model, at fleet sizes (issue 39) ----------
+@dataclass
+class FleetModel:
+    """The rule over plain lists: every waiter in rank order at each pass."""
+
+    limits: dict[str, int]
+    queue: dict[str, tuple[Resources, int, bool, float]] = field(default_factory=dict)
+    held: Counter[str] = field(default_factory=Counter)
+
+    def limit(self, resource: str) -> int:
+        return limit_of(resource, self.limits)
+
+    def grant(self, now: float) -> list[str]:
+        ranked = sorted(
+            self.queue,
+            key=lambda k: (int(self.queue[k][2] and self.queue[k][3] > now), self.queue[k][1]),
+        )
+        granted = []
+        for key in ranked:
+            res = self.queue[key][0]
+            if any(self.held[r] >= self.limit(r) for r in res):
+                continue
+            self.held.update(res)
+            granted.append(key)
+            del self.queue[key]
+        return granted
+
+    def ahead(self, key: str, now: float) -> int:
+        """The waiters actually ahead (docs/scheduling.md's exact definition)."""
+        res, seq, batch, ages_at = self.queue[key]
+
+        def blocked(r: Resources) -> set[str]:
+            return {x for x in r if not private(x) and self.held[x] >= self.limit(x)}
+
+        def order(s: int, b: bool, a: float) -> tuple[int, int]:
+            return int(b and a > now), s
+
+        mine, me = blocked(res), order(seq, batch, ages_at)
+        return sum(1 for other, (r, s, b, a) in self.queue.items()
+                   if other != key and order(s, b, a) < me and blocked(r)
+                   and blocked(r) <= mine)  # fmt: skip
+
+
+def play_fleet(seed: int, waiters: int, spaces: int) -> None:
+    """Random arrivals, releases, cancels, limit changes and aging on a GrantIndex; after
+    each step its grants equal the model's and each position bounds who is ahead."""
+    import random
+
+    from pool.admission._ready import GrantIndex
+    from pool.admission._rule import limit_lookup
+
+    rnd = random.Random(seed)
+    names = [f"space:s{i}" for i in range(spaces)]
+    limits = {GLOBAL: max(1, spaces // 2) + rnd.randint(0, 3), CONSUMER_PREFIX: 2,
+              **{n: rnd.randint(1, 3) for n in names}}  # fmt: skip
+    model, index = FleetModel(dict(limits)), GrantIndex()
+    held: dict[str, int] = {}
+    leases: dict[str, Resources] = {}
+    now, seq, ages_after = 0.0, 0, rnd.choice([0.5, 3.0, 1e9])
+    for _ in range(int(waiters * 2.5)):
+        op = rnd.random()
+        if op < 0.5 or not (leases or model.queue):
+            if len(model.queue) >= waiters:
+                continue
+            seq += 1
+            res: Resources = ((GLOBAL,) if rnd.random() < 0.8 else ()) + (rnd.choice(names),)
+            if rnd.random() < 0.5:
+                res += (CONSUMER_PREFIX + rnd.choice("abc"),)
+            batch = rnd.random() < 0.3
+            model.queue[str(seq)] = (res, seq, batch, now + ages_after)
+            index.add(str(seq), res, seq, batch=batch, ages_at=now + ages_after, now=now)
+        elif op < 0.72 and leases:
+            key = rnd.choice(sorted(leases))
+            res = leases.pop(key)
+            model.held.subtract(res)
+            for r in res:
+                held[r] -= 1
+            index.freed(res)
+        elif op < 0.9 and model.queue:
+            key = rnd.choice(list(model.queue))
+            del model.queue[key]
+            index.remove(key, now)
+        elif op < 0.95:
+            name = rnd.choice([GLOBAL, *names])
+            model.limits[name] = limits[name] = rnd.randint(1, 4)
+            index.wake_all()
+        else:
+            now += rnd.choice([0.1, 1.0, 5.0])
+        expected = model.grant(now)
+        granted = index.grant_pass(held, limit_lookup(limits), now)
+        assert [w.key for w in granted] == expected, "index and model granted differently"
+        leases.update((w.key, w.resources) for w in granted)
+        assert {r: n for r, n in held.items() if n} == dict(+model.held)
+        if model.queue and rnd.random() < 0.2:
+            key = rnd.choice(list(model.queue))
+            position, _ = index.position(key, held, limit_lookup(limits), now)
+            assert position >= 1 + model.ahead(key, now), "a position below who is ahead"
+
+
+@pytest.mark.parametrize(
+    ("waiters", "spaces", "examples"), [(30, 3, 40), (200, 20, 6), (1000, 100, 2)]
+)
+def test_grant_index_matches_the_model_at_fleet_sizes(
+    waiters: int, spaces: int, examples: int
+) -> None:
+    """Random operation sequences up to 1,000 waiters over 100 Spaces: the memory store's
+    grant index grants exactly what the model grants, and positions are upper bounds."""
+
+    @settings(max_examples=examples, deadline=None, database=None)
+    @given(seed=st.integers(0, 2**32 - 1))
+    def holds(seed: int) -> None:
+        play_fleet(seed, waiters, spaces)
+
+    holds()
