@@ -35,7 +35,7 @@ who are not: an upper bound.
 
 ``work`` counts the entries touched (candidates checked, heap entries pushed and
 popped, waiters added or removed) so that tests can assert it stays flat
-(``tests/admission/test_work.py``).
+(``tests/admission/test_work.py``); ``positions`` counts the positions computed.
 """
 
 from __future__ import annotations
@@ -184,6 +184,7 @@ class GrantIndex:
         self._ranks: dict[tuple[str, int], Ranks] = {}  # (shared resource or "", class)
         self._live: dict[str, int] = {}  # valid entries per heap ("": the pass's own)
         self.work = 0
+        self.positions = 0  # positions computed (each O(log n)), apart from ``work``
 
     def __len__(self) -> int:
         return len(self._waiters)
@@ -315,7 +316,7 @@ class GrantIndex:
         waiter = self._waiters.get(key)
         if waiter is None:
             return 0, 1
-        self.work += 1
+        self.positions += 1
         blocking = [r for r in waiter.resources
                     if not is_private(r) and held.get(r, 0) >= limit_of(r)]  # fmt: skip
         if not blocking:
