@@ -94,8 +94,9 @@ async def measure(waiters: int, spaces: int, backlog: int) -> dict[str, int]:
 
 async def _enqueue(coord: MemoryCoordinator, scene: Scene) -> None:
     ticket = WaitTicket()
-    scene.parked.append(asyncio.create_task(
-        coord.acquire([GLOBAL, "space:s0"], timeout=600, ticket=ticket)))
+    scene.parked.append(
+        asyncio.create_task(coord.acquire([GLOBAL, "space:s0"], timeout=600, ticket=ticket))
+    )
     await until(lambda: ticket.position > 0, what="queued")
     await settle()
 
