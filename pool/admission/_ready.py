@@ -321,8 +321,10 @@ class GrantIndex:
                     if not is_private(r) and held.get(r, 0) >= limit_of(r)]  # fmt: skip
         if not blocking:
             return 1, 1
-        ahead = [self._ahead(r, waiter, now) for r in [*blocking, ""]]
-        return 1 + min(sum(ahead[:-1]), ahead[-1]), min(limit_of(r) for r in blocking)
+        counted = sum(self._ahead(r, waiter, now) for r in blocking)
+        if len(blocking) > 1:  # a waiter ahead may be counted once per resource
+            counted = min(counted, self._ahead("", waiter, now))
+        return 1 + counted, min(limit_of(r) for r in blocking)
 
     def _ahead(self, resource: str, waiter: Waiter, now: float) -> int:
         interactive = self._ranks.get((resource, 0))

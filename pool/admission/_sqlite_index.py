@@ -325,7 +325,10 @@ def position(
     def ahead(resource: str) -> int:
         return before(resource, 1) + (before(resource, 0) if aged else total(resource, 0))
 
-    return 1 + min(sum(ahead(r) for r in blocking), ahead(""))
+    counted = sum(ahead(r) for r in blocking)
+    # Blocked by several resources, a waiter ahead may be counted once per resource:
+    # everybody ranked before bounds it too (one more count: only then).
+    return 1 + (min(counted, ahead("")) if len(blocking) > 1 else counted)
 
 
 def lane_key(resources: tuple[str, ...]) -> str:
