@@ -71,12 +71,13 @@ class MemoryCoordinator:
         self, resources: Sequence[str], *, timeout: float, ticket: WaitTicket | None = None
     ) -> Lease:
         wanted = tuple(resources)
-        if not self._waiters:
-            # Fast path: nobody waits, so FIFO cannot be broken; grant without a waiter,
-            # a future or a timeout if every resource has a free slot.
-            limit_of = limit_lookup(self._limits)
-            if all(self._held.get(r, 0) < limit_of(r) for r in wanted):
-                return self._grant(wanted)
+        # Fast path: between two passes every waiter is parked under a full resource it
+        # needs (the index's invariant), so a newcomer with a free slot of each of its
+        # resources overtakes nobody the rule would serve first: grant it without a
+        # waiter, a future or a timeout, as the pass would.
+        limit_of = limit_lookup(self._limits)
+        if all(self._held.get(r, 0) < limit_of(r) for r in wanted):
+            return self._grant(wanted)
         seq = next(self._keys)
         key = str(seq)
         ticket = ticket or WaitTicket()

@@ -102,11 +102,16 @@ class Ranks:
         return total
 
     def _compact(self) -> None:
-        seqs = [s for s, alive in zip(self._seqs, self._alive, strict=True) if alive]
-        self._seqs, self._alive, self._tree, self._dead = [], bytearray(), [0], 0
-        self.total = 0
-        for seq in seqs:
-            self.add(seq)
+        """Drop the dead entries; the tree is rebuilt in one linear sweep."""
+        self._seqs = [s for s, alive in zip(self._seqs, self._alive, strict=True) if alive]
+        size = len(self._seqs)
+        self._alive = bytearray(b"\x01" * size)
+        tree = [0] + [1] * size
+        for i in range(1, size + 1):
+            parent = i + (i & -i)
+            if parent <= size:
+                tree[parent] += tree[i]
+        self._tree, self._dead, self.total = tree, 0, size
 
 
 class Waiter:
