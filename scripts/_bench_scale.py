@@ -171,24 +171,42 @@ async def parked_scene(url: str, waiters: int, spaces: int, ops: int) -> dict[st
 
 
 async def handoff_scene(url: str, waiters: int, spaces: int, ops: int) -> float:
-    """Median release → next grant with the global cap (10) as the bottleneck."""
+    """Median release → next grant with the global cap (10) as the bottleneck. Each
+    waiter's task records when its acquire returned (no ``asyncio.wait`` over all of
+    them: that alone is O(waiters) per step)."""
     async with _opened(url) as coord:
         await coord.set_limits({G: 10, "space:": 1_000_000})
         held = [await coord.acquire([G, f"space:s{i % spaces}"], timeout=10) for i in range(10)]
-        parked: list[asyncio.Task[Lease]] = []
+        granted: asyncio.Queue[tuple[float, Lease]] = asyncio.Queue()
+        parked: list[asyncio.Task[None]] = []
+
+        async def arrive(i: int) -> None:
+            ticket = WaitTicket()
+            resources = [G, f"space:s{i % spaces}"]
+
+            async def hold() -> None:
+                lease = await coord.acquire(resources, timeout=600, ticket=ticket)
+                granted.put_nowait((time.perf_counter(), lease))
+
+            task = asyncio.create_task(hold())
+            parked.append(task)
+            await _until(lambda: task.done() or ticket.position > 0)
+
         for i in range(waiters):
-            await _queue(coord, [G, f"space:s{i % spaces}"], parked)
+            await arrive(i)
         costs = []
         for step in range(ops):
             started = time.perf_counter()
             await coord.release(held.pop(0))
-            done, _ = await asyncio.wait(parked, return_when=asyncio.FIRST_COMPLETED)
-            costs.append(time.perf_counter() - started)
-            for task in done:
-                parked.remove(task)
-                held.append(task.result())
-            await _queue(coord, [G, f"space:s{(waiters + step) % spaces}"], parked)
-        await _cancel_all(parked, seed=0)
+            at, lease = await granted.get()
+            costs.append(at - started)
+            held.append(lease)
+            await arrive(waiters + step)
+        for task in parked:
+            task.cancel()
+        await asyncio.gather(*parked, return_exceptions=True)
+        while not granted.empty():
+            held.append(granted.get_nowait()[1])
         for lease in held:
             await coord.release(lease)
     return _median(costs)
