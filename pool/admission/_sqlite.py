@@ -633,8 +633,9 @@ class _SQLiteStore:
             return StoreView(granted=frozenset(mine))
         self._next_positions = now + _POSITIONS_EVERY_S
         # A few waiters' positions per round, in turn, each O(log n): not every waiter's.
-        start = self._turn % len(waiting) if waiting else 0
-        told = (waiting[start:] + waiting[:start])[:_POSITIONS_PER_POLL]
+        count = len(waiting)
+        start = self._turn % count if count else 0
+        told = [waiting[(start + i) % count] for i in range(min(count, _POSITIONS_PER_POLL))]
         self._turn = start + len(told)
         counts = index.Counts(conn)
         positions = {key: index.position(conn, key, now, counts) for key in told}
