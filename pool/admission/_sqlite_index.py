@@ -83,9 +83,7 @@ def create(conn: sqlite3.Connection) -> None:
     columns = {row[1] for row in conn.execute("PRAGMA table_info(waiters)")}
     if "held_back" not in columns:
         conn.execute("ALTER TABLE waiters ADD COLUMN held_back INTEGER NOT NULL DEFAULT 0")
-    conn.execute(
-        "CREATE INDEX IF NOT EXISTS waiters_heads ON waiters(lane, rank, held_back, seq)"
-    )
+    conn.execute("CREATE INDEX IF NOT EXISTS waiters_heads ON waiters(lane, rank, held_back, seq)")
     for statement in SCHEMA:
         conn.execute(statement)
     if not new:
