@@ -12,7 +12,9 @@ harness), ``queue`` (a store's hand-off with 500 waiters queued vs 10), ``stores
 threads and RSS at 150 used connections, first-partial lag; also
 ``scripts/bench_transport.py``), ``replicas`` and ``replicas-mixed`` (replicas used to
 their real capacity, issue 31), ``limit`` (saturation and latency against an oracle on
-the native transport without the pool; scripts/_bench_replicas.py),
+the native transport without the pool; scripts/_bench_replicas.py), ``scale-memory``,
+``scale-sqlite``, ``scale-redis`` (admission with 10,000 waiters over 1,000 Spaces
+against 1 waiter on 1 Space, per store, issue 39; scripts/_bench_scale.py),
 ``scale-redis-fleet`` (4 processes' acquire+release with 10,000 waiters parked over
 1,000 Spaces vs an empty Redis store; scripts/_bench_fleet.py).
 
@@ -73,7 +75,8 @@ from devspaces import SpaceFleet  # noqa: E402
 
 ROWS = (
     "cycle", "fairness", "queue", "stores", "fresh", "raw", "saturation", "rss", "transport",
-    "replicas", "replicas-mixed", "limit", "scale-redis-fleet",
+    "replicas", "replicas-mixed", "limit", "scale-memory", "scale-sqlite", "scale-redis",
+    "scale-redis-fleet",
 )  # fmt: skip
 NEEDS_SPACES = frozenset({"fresh", "raw", "saturation", "rss", "transport", "limit"})
 
@@ -235,6 +238,11 @@ class Runner:
             from _bench_queue import queue_rows
 
             return asyncio.run(queue_rows(rounds=p.queue_rounds, steps=p.queue_steps))
+        if key.startswith("scale-"):
+            from _bench_scale import scale_rows
+
+            kind = key.removeprefix("scale-")
+            return asyncio.run(scale_rows(kind, quick=self.plan is QUICK))
         if key == "stores":
             from _bench_stores import store_rows
 

@@ -1,11 +1,17 @@
 """In-process store (``memory://``): one process, no leases to expire.
 
-State is one ordered dict of waiters (arrival order), the same waiters grouped by
-lane and class (:func:`~pool.admission._rule.lane_of`, in rank order) and a counter
-per resource. ``_assign`` is the only state machine: it has no ``await``, applies the
-grant rule and resolves the winners' futures, handing them their lease at wake-up
-time so that nobody can
-jump the queue between the wake-up and the waiter running (trio's parking lot).
+State is one dict of waiters, the same waiters in a :class:`~._ready.GrantIndex`
+(lanes parked under the resources that block them, positions as order statistics)
+and a counter per resource. ``_assign`` is the only state machine: it has no
+``await``, applies the grant rule and resolves the winners' futures, handing them their
+lease at wake-up time so that nobody can jump the queue between the wake-up and the
+waiter running (trio's parking lot). Each operation touches O(1) waiters and O(log n)
+index entries, whatever the queue, the fleet or a consumer's backlog (issue 39).
+
+Tickets: a newcomer's position is set when it queues; then, every
+``_TICKETS_EVERY_S``, the positions of at most ``_TICKETS_PER_ROUND`` waiters are
+recomputed, in turn (each O(log n)), so that 10,000 waiters cost the event loop the same
+per round as 300.
 """
 
 from __future__ import annotations
@@ -14,42 +20,26 @@ import asyncio
 import itertools
 import os
 import time
-from collections import OrderedDict
+from collections import deque
 from collections.abc import Callable, Sequence
 
 from .._exceptions import BusyError, MisuseError, PoolClosedError
 from ._protocol import AdmissionSnapshot, Lease, WaitTicket
-from ._rule import (
-    RANK,
-    Entry,
-    bottleneck_capacity,
-    estimate_wait_s,
-    lane_of,
-    lane_open,
-    limit_lookup,
-    newcomer_position,
-    plan_grants,
-    queue_positions,
-    rank_of,
-)
+from ._ready import GrantIndex
+from ._rule import BATCH, estimate_wait_s, limit_lookup
 from ._values import MemoryValues
 
-_TICKETS_EVERY_S = 0.25  # how often the queued waiters' positions and estimates are refreshed
+_TICKETS_EVERY_S = 0.25  # how often queued waiters' positions and estimates are refreshed
+_TICKETS_PER_ROUND = 256  # at most this many per round (each waiter in turn)
 
 
 class _Waiter:
-    __slots__ = ("ages_at", "future", "lane", "resources", "seq", "ticket")
+    __slots__ = ("future", "resources", "ticket")
 
-    def __init__(self, resources: tuple[str, ...], ticket: WaitTicket, seq: int) -> None:
+    def __init__(self, resources: tuple[str, ...], ticket: WaitTicket) -> None:
         self.resources = resources
         self.ticket = ticket
-        self.seq = seq
-        self.ages_at = time.monotonic() + ticket.ages_after_s
-        self.lane = (lane_of(resources), RANK[ticket.priority])
         self.future: asyncio.Future[Lease] = asyncio.get_running_loop().create_future()
-
-    def entry(self, key: str, now: float) -> Entry[str]:
-        return key, self.resources, (rank_of(self.ticket.priority, self.ages_at, now), self.seq)
 
 
 class MemoryCoordinator:
@@ -62,40 +52,55 @@ class MemoryCoordinator:
         self._limits: dict[str, int] = {}
         self._held: dict[str, int] = {}
         self._leases: dict[str, Lease] = {}
-        self._waiters: OrderedDict[str, _Waiter] = OrderedDict()
+        self._waiters: dict[str, _Waiter] = {}
+        self._index = GrantIndex()
         self._mean_hold_s = 1.0
         self._secret = os.urandom(32)
         self.values = MemoryValues(clock)
         self._keys = itertools.count(1)  # waiter and lease ids: unique in this process
-        # The waiters by (lane, class), each in arrival (= rank) order: plan_grants'
-        # lanes, so that a hand-off does not read the waiters a full Space blocks.
-        self._lanes: dict[tuple[str, int], OrderedDict[str, _Waiter]] = {}
-        self._tickets_due = 0.0  # monotonic time of the next ticket refresh
+        self._turns: deque[str] = deque()  # waiters whose ticket is refreshed, in turn
         self._tickets_timer: asyncio.TimerHandle | None = None
+        self._queued: dict[str, int] = {}  # resource -> waiters that need it
+        self._batch_waiting = 0
+
+    @property
+    def work(self) -> int:
+        """Entries of the index touched so far (tests/admission/test_work.py)."""
+        return self._index.work
 
     async def acquire(
         self, resources: Sequence[str], *, timeout: float, ticket: WaitTicket | None = None
     ) -> Lease:
         wanted = tuple(resources)
-        if not self._waiters:
-            # Fast path: nobody waits, so FIFO cannot be broken; grant without a waiter,
-            # a future or a timeout if every resource has a free slot.
-            limit_of = limit_lookup(self._limits)
-            if all(self._held.get(r, 0) < limit_of(r) for r in wanted):
-                return self._grant(wanted)
+        # Fast path: between two passes every waiter is parked under a full resource it
+        # needs (the index's invariant), so a newcomer with a free slot of each of its
+        # resources overtakes nobody the rule would serve first: grant it without a
+        # waiter, a future or a timeout, as the pass would.
+        limit_of = limit_lookup(self._limits)
+        if all(self._held.get(r, 0) < limit_of(r) for r in wanted):
+            return self._grant(wanted)
         seq = next(self._keys)
         key = str(seq)
-        waiter = _Waiter(wanted, ticket or WaitTicket(), seq)
+        ticket = ticket or WaitTicket()
+        waiter = _Waiter(wanted, ticket)
         self._waiters[key] = waiter
-        self._lanes.setdefault(waiter.lane, OrderedDict())[key] = waiter
+        now = time.monotonic()
+        batch = ticket.priority == BATCH
+        self._index.add(key, wanted, seq, batch=batch, ages_at=now + ticket.ages_after_s,
+                        now=now)  # fmt: skip
+        for r in wanted:
+            self._queued[r] = self._queued.get(r, 0) + 1
+        self._batch_waiting += batch
         self._assign()
         if not waiter.future.done():
-            self._set_newcomer_ticket(waiter)
+            self._set_ticket(key, waiter)
+            self._turns.append(key)
+            self._schedule_tickets()
         try:
             async with asyncio.timeout(timeout):
                 return await asyncio.shield(waiter.future)
         except BaseException as exc:
-            position = self._position(key)
+            position = self._position(key)[0]
             self._forget(key)
             if _granted(waiter.future):
                 # Granted at the same moment we gave up: pass the slots on.
@@ -126,6 +131,7 @@ class MemoryCoordinator:
                 self._held[r] = left
             else:
                 self._held.pop(r, None)
+        self._index.freed(lease.resources)
         held_s = time.monotonic() - lease.granted_at
         self._mean_hold_s = 0.8 * self._mean_hold_s + 0.2 * max(held_s, 0.0)
         if self._waiters:
@@ -134,88 +140,80 @@ class MemoryCoordinator:
     def _forget(self, key: str) -> _Waiter | None:
         waiter = self._waiters.pop(key, None)
         if waiter is not None:
-            lane = self._lanes[waiter.lane]
-            del lane[key]
-            if not lane:
-                del self._lanes[waiter.lane]
+            self._index.remove(key, time.monotonic())
+            self._unqueue(waiter)
         return waiter
 
+    def _unqueue(self, waiter: _Waiter) -> None:
+        for r in waiter.resources:
+            left = self._queued[r] - 1
+            if left:
+                self._queued[r] = left
+            else:
+                del self._queued[r]
+        self._batch_waiting -= waiter.ticket.priority == BATCH
+
     def _grant(self, resources: tuple[str, ...]) -> Lease:
-        lease = Lease(str(next(self._keys)), resources)
-        self._leases[lease.lease_id] = lease
+        lease = self._lease(resources)
         for r in resources:
             self._held[r] = self._held.get(r, 0) + 1
         return lease
 
+    def _lease(self, resources: tuple[str, ...]) -> Lease:
+        lease = Lease(str(next(self._keys)), resources)
+        self._leases[lease.lease_id] = lease
+        return lease
+
     def _assign(self) -> None:
-        """The grant pass over the lanes, then the tickets; flat in the queue length."""
+        """The grant pass over the index (it counts the grants in ``_held``)."""
         limit_of = limit_lookup(self._limits)
-        now = time.monotonic()
-        lanes = [
-            (w.entry(k, now) for k, w in lane.items() if not w.future.done())
-            for (key, _rank), lane in self._lanes.items()
-            if lane_open(key, self._held, limit_of)
-        ]
-        for key in plan_grants(lanes, self._held, limit_of):
-            waiter = self._forget(key)
-            assert waiter is not None
-            waiter.future.set_result(self._grant(waiter.resources))
-        # Positions only fall while a waiter waits, so a ticket that is not refreshed
-        # overstates its wait a little; refreshing every ticket on every hand-off would
-        # make each hand-off O(waiters). A newcomer's ticket is set when it queues.
-        if not self._waiters or self._tickets_timer is not None:
-            return
-        delay = self._tickets_due - time.monotonic()
-        if delay <= 0:
-            self._refresh_tickets()
-        else:
-            self._tickets_timer = asyncio.get_running_loop().call_later(
-                delay, self._refresh_tickets
-            )
+        for granted in self._index.grant_pass(self._held, limit_of, time.monotonic()):
+            waiter = self._waiters.pop(granted.key)
+            self._unqueue(waiter)
+            waiter.future.set_result(self._lease(waiter.resources))
+
+    def _schedule_tickets(self) -> None:
+        if self._tickets_timer is None and self._turns:
+            loop = asyncio.get_running_loop()
+            self._tickets_timer = loop.call_later(_TICKETS_EVERY_S, self._refresh_tickets)
 
     def _refresh_tickets(self) -> None:
+        """Positions only fall while a waiter waits: a ticket not refreshed yet overstates
+        its wait a little. Each round refreshes the next waiters in turn."""
         self._tickets_timer = None
-        self._tickets_due = time.monotonic() + _TICKETS_EVERY_S
-        limit_of = limit_lookup(self._limits)
-        now = time.monotonic()
-        entries = [w.entry(k, now) for k, w in self._waiters.items()]
-        for key, position in queue_positions(entries, self._held, limit_of, self._waiters).items():
-            waiter = self._waiters[key]
-            capacity = bottleneck_capacity(waiter.resources, limit_of)
-            estimate = estimate_wait_s(position, capacity, self._mean_hold_s)
-            waiter.ticket.update(position=position, estimate_s=estimate)
+        budget = _TICKETS_PER_ROUND
+        while budget and self._turns:
+            key = self._turns.popleft()
+            waiter = self._waiters.get(key)
+            if waiter is None or waiter.future.done():
+                continue  # gone: dropped from the turns
+            budget -= 1
+            self._set_ticket(key, waiter)
+            self._turns.append(key)
+        self._schedule_tickets()
 
-    def _set_newcomer_ticket(self, waiter: _Waiter) -> None:
-        """The ticket of the waiter that arrived last, in O(lanes)."""
-        limit_of = limit_lookup(self._limits)
-        sizes = [(lane, rank, len(ws) - (ws is self._lanes[waiter.lane]))
-                 for (lane, rank), ws in self._lanes.items()]  # fmt: skip
-        position = newcomer_position(sizes, *waiter.lane, self._held, limit_of)
-        capacity = bottleneck_capacity(waiter.resources, limit_of)
+    def _set_ticket(self, key: str, waiter: _Waiter) -> None:
+        position, capacity = self._position(key)
         estimate = estimate_wait_s(position, capacity, self._mean_hold_s)
         waiter.ticket.update(position=position, estimate_s=estimate)
 
-    def _position(self, key: str) -> int:
-        now = time.monotonic()
-        entries = [w.entry(k, now) for k, w in self._waiters.items()]
-        return queue_positions(entries, self._held, limit_lookup(self._limits), [key]).get(key, 0)
+    def _position(self, key: str) -> tuple[int, int]:
+        limit_of = limit_lookup(self._limits)
+        return self._index.position(key, self._held, limit_of, time.monotonic())
 
     async def set_limits(self, limits: dict[str, int]) -> None:
         self._limits.update(limits)
+        self._index.wake_all()
         self._assign()
 
     async def snapshot(self) -> AdmissionSnapshot:
-        queued: dict[str, int] = {}
-        for w in self._waiters.values():
-            for r in w.resources:
-                queued[r] = queued.get(r, 0) + 1
         return AdmissionSnapshot(
             held=dict(self._held),
-            queued=queued,
+            queued=dict(self._queued),
             limits=dict(self._limits),
             waiting=len(self._waiters),
             store=self.store,
-            batch_waiting=sum(w.lane[1] for w in self._waiters.values()),
+            batch_waiting=self._batch_waiting,
         )
 
     async def shared_secret(self) -> bytes:
@@ -225,8 +223,12 @@ class MemoryCoordinator:
         for waiter in self._waiters.values():
             if not waiter.future.done():
                 waiter.future.set_exception(PoolClosedError("coordinator closed"))
-        self._waiters.clear()
-        self._lanes.clear()
+        for key in list(self._waiters):
+            self._forget(key)
+        self._turns.clear()
+        if self._tickets_timer is not None:
+            self._tickets_timer.cancel()
+            self._tickets_timer = None
 
 
 def _granted(future: asyncio.Future[Lease]) -> bool:

@@ -50,9 +50,12 @@ shared resource, the rest of the lane is too, so the pass merges the lanes' head
 drops a lane at its first blocked waiter: a hand-off costs O(lanes + grants + waiters
 held back by their consumer limit), flat in the queue length.
 
-The function is pure and has no ``await``: the memory and SQLite stores call it inside
-their critical section; the Redis store runs the same rule in a Lua script
-(:mod:`pool.admission._redis`).
+The function is pure and has no ``await``; the Redis store runs the same rule in a Lua
+script (:mod:`pool.admission._redis`). The memory and SQLite stores keep the same rule
+as indexes between passes instead (issue 39: :mod:`pool.admission._ready`,
+:mod:`pool.admission._sqlite_index`), so that a pass reads only the lanes that can be
+granted, not every lane: flat in the fleet and in a consumer's backlog too.
+``plan_grants`` stays the rule's plain statement (``tests/admission/test_coordinator``).
 """
 
 from __future__ import annotations

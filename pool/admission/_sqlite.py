@@ -13,19 +13,22 @@ processes. The whole fleet state lives in the file::
     meta(key, value)                              quarantine: no grant before this time
     gone(id, expires_at)                          tombstones of ids that left the store
 
-``seq`` is the arrival order, fleet-wide. Holder counts are *derived* from the live
-leases (``json_each`` over their resources) instead of kept in a counter table, so
-they can never drift from the leases that justify them.
+``seq`` is the arrival order, fleet-wide. Holder counts (``held``) and the
+per-resource queues used for positions are kept by triggers on ``leases`` and
+``waiters``, in the same transaction as the row that justifies them, so they cannot
+drift from it whichever statement inserts or deletes the row; the grant index
+(``parked``, ``woken``: :mod:`pool.admission._sqlite_index`) is kept the same way by
+the calls that change the waiters.
 
 Why it is shaped this way:
 
 * **Every decision inside the write lock.** Every mutation (enqueue, release,
   withdraw, set_limits, drop) runs in a ``BEGIN IMMEDIATE`` transaction: it applies
-  the change, deletes expired leases and waiters, then runs :func:`plan_grants` over
-  the waiters' lanes (one cursor per lane and class, in ``seq`` order, read no
-  further than the lane's first blocked waiter) with the held counts of the live
-  leases and turns the winners' rows into leases (same id). The write lock is the fleet's critical
-  section; ``plan_grants`` has no ``await`` and no I/O.
+  the change, deletes expired leases and waiters (waking what they held), then runs
+  the grant pass of :mod:`pool.admission._sqlite_index` (the rule kept as indexes in
+  the file: only the lanes parked under a resource freed since the last pass, and the
+  new ones, are read; issue 39) and turns the winners' rows into leases (same id). The
+  write lock is the fleet's critical section; the pass has no ``await``.
 * **Whoever commits, grants.** The process that frees a slot hands it to the head
   waiter whatever process that waiter belongs to; the owner discovers the lease on
   its next poll. Polls are read-only (``SELECT id FROM leases WHERE id IN (...)``)
@@ -74,19 +77,19 @@ import asyncio
 import contextlib
 import json
 import logging
-import math
 import os
 import queue
 import secrets
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, TypeVar, cast
 from urllib.parse import parse_qs, urlsplit
 
 from .._threads import wait_ended
+from . import _sqlite_index as index
 from ._lease_keeper import (
     LocalEntries,
     SharedCoordinator,
@@ -94,19 +97,7 @@ from ._lease_keeper import (
     Withdrawn,
 )
 from ._protocol import AdmissionSnapshot, StoreUnavailable, new_id
-from ._rule import (
-    BATCH,
-    INTERACTIVE,
-    RANK,
-    Entry,
-    lane_of,
-    lane_open,
-    limit_lookup,
-    newcomer_position,
-    plan_grants,
-    queue_positions,
-    rank_of,
-)
+from ._rule import INTERACTIVE, RANK, lane_of, limit_lookup
 from ._sqlite_values import SCHEMA as VALUES_SCHEMA
 from ._sqlite_values import SQLiteValues
 from ._store_layout import check_sqlite_layout
@@ -117,6 +108,7 @@ _log = logging.getLogger("spacepool.admission")
 _SAFETY_PASS_S = 1.0  # a poll runs a full write pass at least this often
 _BATCH = 64  # at most this many store calls share one transaction
 _POSITIONS_EVERY_S = 0.25  # how often a poll refreshes the waiters' positions
+_POSITIONS_PER_POLL = 32  # how many of them (each in turn), at most
 _CLOSE_WAIT_S = 5.0  # close() waits this long at most for the worker thread (a busy file)
 
 _SCHEMA = (
@@ -156,19 +148,24 @@ _IDS = "(SELECT value FROM json_each(?))"  # a JSON array parameter as a set of 
 class SQLiteCoordinator(SharedCoordinator):
     """Admission shared by the processes of one host through one SQLite file."""
 
-    def __init__(self, url: str, *, lease_ttl_s: float = 15.0) -> None:
+    def __init__(self, url: str, *, lease_ttl_s: float = 15.0, count_work: bool = False) -> None:
         path, busy_timeout_s, poll_s = _parse_url(url)
         self.path = path
-        super().__init__(
-            _SQLiteStore(
-                path,
-                owner=new_id(),
-                lease_ttl_s=lease_ttl_s,
-                busy_timeout_s=busy_timeout_s,
-                poll_interval_s=poll_s,
-            ),
+        self._store = _SQLiteStore(
+            path,
+            owner=new_id(),
             lease_ttl_s=lease_ttl_s,
+            busy_timeout_s=busy_timeout_s,
+            poll_interval_s=poll_s,
+            count_work=count_work,
         )
+        super().__init__(self._store, lease_ttl_s=lease_ttl_s)
+
+    @property
+    def work(self) -> int:
+        """SQLite virtual-machine steps run so far, in hundreds (``count_work=True``
+        only: tests/admission/test_work.py)."""
+        return self._store.work
 
 
 def _parse_url(url: str) -> tuple[str, float, float]:
@@ -220,8 +217,12 @@ class _SQLiteStore:
         lease_ttl_s: float,
         busy_timeout_s: float,
         poll_interval_s: float,
+        count_work: bool = False,
     ) -> None:
         self.path = path
+        self.work = 0
+        self._count_work = count_work
+        self._turn = 0  # where the next poll's positions start among the waiting ids
         self.poll_interval_s = poll_interval_s
         self._owner = owner
         self._ttl = lease_ttl_s
@@ -451,6 +452,8 @@ class _SQLiteStore:
         if self._conn is None:
             os.makedirs(os.path.dirname(self.path) or "/", exist_ok=True)
             conn = sqlite3.connect(self.path, timeout=self._busy_timeout_s, isolation_level=None)
+            if self._count_work:
+                conn.set_progress_handler(self._counted, 100)
             try:
                 _use_wal(conn, self._busy_timeout_s)
                 conn.execute("PRAGMA synchronous=NORMAL")
@@ -492,7 +495,7 @@ class _SQLiteStore:
                 continue
             if conn.execute("SELECT 1 FROM leases WHERE id = ?", (key,)).fetchone():
                 continue
-            conn.execute("DELETE FROM waiters WHERE id = ?", (key,))
+            index.removed(conn, key, now)
             if not all(held.get(r, 0) < limit_of(r) for r in resources):
                 refused.append(key)  # its slot was given away meanwhile
                 continue
@@ -510,73 +513,46 @@ class _SQLiteStore:
                 "SELECT 1 FROM leases WHERE id = ?1 UNION ALL SELECT 1 FROM waiters WHERE id = ?1",
                 (key,),
             ).fetchone():
-                conn.execute(
+                seq = conn.execute(
                     "INSERT INTO waiters (id, owner, resources, ttl_s, enqueued_at, expires_at,"
                     " lane) VALUES (?, ?, ?, ?, ?, ?, ?)",
                     (key, self._owner, json.dumps(resources), ttl, now, now + ttl,
                      lane_of(resources)),
-                )  # fmt: skip  (re-registered as interactive: the class is not kept)
+                ).lastrowid  # fmt: skip  (re-registered as interactive: the class is not kept)
+                index.enqueued(conn, lane_of(resources), 0, seq or 0, now)
         self._reset_pending = False
         return refused
+
+    def _counted(self) -> int:
+        self.work += 1
+        return 0  # go on
 
     def _close(self) -> None:
         if self._conn is not None:
             self._conn.close()
             self._conn = None
 
-    def _grant(
-        self,
-        conn: sqlite3.Connection,
-        now: float,
-        newcomer: tuple[str, tuple[str, ...], int] | None = None,
-    ) -> set[str]:
-        """Reclaim expired entries, then the grant pass; returns the ids won by our owner.
-
-        ``newcomer`` (id, resources, class rank) is a waiter not yet in the table that
-        arrives after everybody: granted, it becomes a lease without being a waiter row.
-        """
+    def _grant(self, conn: sqlite3.Connection, now: float) -> set[str]:
+        """Reclaim expired entries, then the grant pass; returns the ids won by our owner."""
         _reclaim(conn, now)
-        if newcomer is None and conn.execute("SELECT 1 FROM waiters LIMIT 1").fetchone() is None:
+        if conn.execute("SELECT 1 FROM waiters LIMIT 1").fetchone() is None:
+            conn.execute("DELETE FROM woken")
             return set()
         if conn.execute(
             "SELECT 1 FROM meta WHERE key = 'quarantine' AND value > ?", (now,)
         ).fetchone():
             return set()  # just re-created: holders of the old file re-register first
-        owners: dict[str, str] = {}
-        cursors: list[sqlite3.Cursor] = []
-        held, limit_of = _held(conn, now), limit_lookup(_limits(conn))
-        lanes: list[Iterable[Entry[str]]] = [
-            _lane_rows(conn, lane, rank, now, owners, cursors)
-            for lane in _lanes(conn)
-            if lane_open(lane, held, limit_of)
-            for rank in RANK.values()
-        ]
-        if newcomer is not None:
-            owners[newcomer[0]] = self._owner
-            lanes.append([(newcomer[0], newcomer[1], (newcomer[2], math.inf))])
-        try:
-            granted = plan_grants(lanes, held, limit_of)
-        finally:
-            for cursor in cursors:
-                cursor.close()
-        mine: set[str] = set()
-        for key in granted:
-            if newcomer is not None and key == newcomer[0]:
-                conn.execute(
-                    "INSERT INTO leases (id, owner, resources, ttl_s, granted_at, expires_at)"
-                    " VALUES (?, ?, ?, ?, ?, ?)",
-                    (key, self._owner, json.dumps(newcomer[1]), self._ttl, now, now + self._ttl),
-                )
-            else:
-                conn.execute(
-                    "INSERT INTO leases (id, owner, resources, ttl_s, granted_at, expires_at)"
-                    " SELECT id, owner, resources, ttl_s, ?, ? + ttl_s FROM waiters WHERE id = ?",
-                    (now, now, key),
-                )
-                conn.execute("DELETE FROM waiters WHERE id = ?", (key,))
-            if owners[key] == self._owner:
-                mine.add(key)
-        return mine
+
+        def turn_into_lease(key: str) -> None:
+            conn.execute(
+                "INSERT INTO leases (id, owner, resources, ttl_s, granted_at, expires_at)"
+                " SELECT id, owner, resources, ttl_s, ?, ? + ttl_s FROM waiters WHERE id = ?",
+                (now, now, key),
+            )
+            conn.execute("DELETE FROM waiters WHERE id = ?", (key,))
+
+        granted = index.grant_pass(conn, now, index.Counts(conn), turn_into_lease)
+        return {key for key, owner in granted if owner == self._owner}
 
     def _enqueue(
         self,
@@ -590,39 +566,35 @@ class _SQLiteStore:
         _reclaim(conn, now)
         if _is_gone(conn, now, key):  # a late enqueue of a withdrawn id (issue 22)
             return StoreView()
-        mine = self._grant(conn, now, (key, resources, rank_of_row(rank, now + ages_after_s, now)))
-        if key in mine:
-            return StoreView(granted=frozenset(mine))
-        conn.execute(
+        lane = lane_of(resources)
+        seq = conn.execute(
             "INSERT INTO waiters (id, owner, resources, ttl_s, enqueued_at, expires_at, lane,"
             " rank, ages_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
             (key, self._owner, json.dumps(resources), self._ttl, now, now + self._ttl,
-             lane_of(resources), rank, now + ages_after_s),
-        )  # fmt: skip
-        sizes = conn.execute(
-            "SELECT lane, rank, COUNT(*) - (lane = ?1 AND rank = ?2) FROM waiters"
-            " WHERE rank <= ?2 GROUP BY lane, rank",
-            (lane_of(resources), rank),
-        )
-        held, limits = _held(conn, now), _limits(conn)
-        position = newcomer_position(sizes, lane_of(resources), rank, held, limit_lookup(limits))
+             lane, rank, now + ages_after_s),
+        ).lastrowid  # fmt: skip
+        index.enqueued(conn, lane, rank, seq or 0, now + ages_after_s)
+        mine = self._grant(conn, now)
+        if key in mine:
+            return StoreView(granted=frozenset(mine))
+        position = index.position(conn, key, now, index.Counts(conn), newcomer=True)
         return StoreView(
-            granted=frozenset(mine),
-            positions={key: position},
-            limits=limits,
-            mean_hold_s=_mean_hold(conn),
+            granted=frozenset(mine), positions={key: position}, mean_hold_s=_mean_hold(conn)
         )
 
     def _withdraw(self, conn: sqlite3.Connection, now: float, key: str, keep: bool) -> Withdrawn:
-        position = _positions(conn, now, [key]).get(key, 0)
+        position = index.position(conn, key, now, index.Counts(conn))
         granted = False
         if position:
-            conn.execute("DELETE FROM waiters WHERE id = ?", (key,))
-        elif conn.execute("SELECT 1 FROM leases WHERE id = ?", (key,)).fetchone() is not None:
-            granted = True
-            if keep:
-                return Withdrawn(True, 0, StoreView())
-            conn.execute("DELETE FROM leases WHERE id = ?", (key,))
+            index.removed(conn, key, now)
+        else:
+            row = conn.execute("SELECT resources FROM leases WHERE id = ?", (key,)).fetchone()
+            if row is not None:
+                granted = True
+                if keep:
+                    return Withdrawn(True, 0, StoreView())
+                conn.execute("DELETE FROM leases WHERE id = ?", (key,))
+                index.wake(conn, json.loads(row[0]))
         _bury(conn, now, [key], self._ttl)  # found or not: its enqueue may come late
         return Withdrawn(granted, position, StoreView(granted=frozenset(self._grant(conn, now))))
 
@@ -630,7 +602,10 @@ class _SQLiteStore:
         self, conn: sqlite3.Connection, now: float, key: str, held_s: float
     ) -> StoreView:
         _bury(conn, now, [key], self._ttl)
-        if conn.execute("DELETE FROM leases WHERE id = ?", (key,)).rowcount:
+        row = conn.execute("SELECT resources FROM leases WHERE id = ?", (key,)).fetchone()
+        if row is not None:
+            conn.execute("DELETE FROM leases WHERE id = ?", (key,))
+            index.wake(conn, json.loads(row[0]))
             conn.execute(
                 "INSERT INTO stats (key, value) VALUES ('mean_hold_s', 0.8 + 0.2 * ?1)"
                 " ON CONFLICT (key) DO UPDATE SET value = 0.8 * value + 0.2 * ?1",
@@ -658,9 +633,16 @@ class _SQLiteStore:
         if now < self._next_positions:
             return StoreView(granted=frozenset(mine))
         self._next_positions = now + _POSITIONS_EVERY_S
+        # A few waiters' positions per round, in turn, each O(log n): not every waiter's.
+        count = len(waiting)
+        start = self._turn % count if count else 0
+        told = [waiting[(start + i) % count] for i in range(min(count, _POSITIONS_PER_POLL))]
+        self._turn = start + len(told)
+        counts = index.Counts(conn)
+        positions = {key: index.position(conn, key, now, counts) for key in told}
         return StoreView(
             granted=frozenset(mine),
-            positions=_positions(conn, now, waiting),
+            positions={key: p for key, p in positions.items() if p},
             limits=_limits(conn),
             mean_hold_s=_mean_hold(conn),
         )
@@ -679,9 +661,15 @@ class _SQLiteStore:
         return set(ids) - {r for (r,) in found}
 
     def _drop(self, conn: sqlite3.Connection, now: float, ids: str) -> None:
-        _bury(conn, now, json.loads(ids), self._ttl)
+        keys = json.loads(ids)
+        _bury(conn, now, keys, self._ttl)
+        for (resources,) in conn.execute(
+            f"SELECT resources FROM leases WHERE id IN {_IDS}", (ids,)
+        ).fetchall():
+            index.wake(conn, json.loads(resources))
         conn.execute(f"DELETE FROM leases WHERE id IN {_IDS}", (ids,))
-        conn.execute(f"DELETE FROM waiters WHERE id IN {_IDS}", (ids,))
+        for key in keys:
+            index.removed(conn, key, now)
         self._grant(conn, now)
 
     def _set_limits(
@@ -692,6 +680,7 @@ class _SQLiteStore:
             " ON CONFLICT (resource) DO UPDATE SET lim = excluded.lim",
             rows,
         )
+        index.wake_all(conn)
         mine = self._grant(conn, now)
         return StoreView(granted=frozenset(mine), limits=_limits(conn))
 
@@ -782,6 +771,7 @@ def _create_schema(conn: sqlite3.Connection, _now: float, path: str) -> None:
         if column not in columns:
             conn.execute(f"ALTER TABLE waiters ADD COLUMN {column} {kind}")
     conn.execute("CREATE INDEX IF NOT EXISTS waiters_lane ON waiters(lane, rank, seq)")
+    index.create(conn)
 
 
 def _held(conn: sqlite3.Connection, now: float) -> dict[str, int]:
@@ -792,51 +782,6 @@ def _held(conn: sqlite3.Connection, now: float) -> dict[str, int]:
             (now,),
         )
     )
-
-
-# -- lanes and classes (issue 18; see pool/admission/_rule.py) ------------------------------
-def _lanes(conn: sqlite3.Connection) -> Iterator[str]:
-    """The lanes with waiters, one index seek each (flat in the queue length)."""
-    (lane,) = conn.execute("SELECT MIN(lane) FROM waiters").fetchone()
-    while lane is not None:
-        yield lane
-        (lane,) = conn.execute("SELECT MIN(lane) FROM waiters WHERE lane > ?", (lane,)).fetchone()
-
-
-def _lane_rows(
-    conn: sqlite3.Connection,
-    lane: str,
-    rank: int,
-    now: float,
-    owners: dict[str, str],
-    cursors: list[sqlite3.Cursor],
-) -> Iterator[Entry[str]]:
-    """One class of one lane, in arrival order, read lazily (plan_grants stops early)."""
-    rows = conn.execute(
-        "SELECT id, owner, resources, ages_at, seq FROM waiters WHERE lane = ? AND rank = ?"
-        " ORDER BY seq",
-        (lane, rank),
-    )
-    cursors.append(rows)
-    for key, owner, res, ages_at, seq in rows:
-        owners[key] = owner
-        yield key, tuple(json.loads(res)), (rank_of_row(rank, ages_at, now), seq)
-
-
-def rank_of_row(rank: int, ages_at: float, now: float) -> int:
-    """A row's class rank at ``now`` (:func:`~pool.admission._rule.rank_of`)."""
-    return rank_of(BATCH if rank else INTERACTIVE, ages_at, now)
-
-
-def _positions(conn: sqlite3.Connection, now: float, wanted: Sequence[str]) -> dict[str, int]:
-    """Positions counting who is actually ahead (:func:`queue_positions`)."""
-    if not wanted:
-        return {}
-    rows = conn.execute("SELECT id, lane, rank, ages_at, seq FROM waiters")
-    # The lane is the waiter's shared resources: all that positions look at.
-    entries = [(key, lane.split(","), (rank_of_row(rank, ages_at, now), seq))
-               for key, lane, rank, ages_at, seq in rows]  # fmt: skip
-    return queue_positions(entries, _held(conn, now), limit_lookup(_limits(conn)), wanted)
 
 
 def _limits(conn: sqlite3.Connection) -> dict[str, int]:
@@ -866,14 +811,20 @@ def _bury(conn: sqlite3.Connection, now: float, ids: Iterable[str], ttl_s: float
 
 
 def _reclaim(conn: sqlite3.Connection, now: float) -> None:
-    """Delete the expired leases and waiters, burying their ids."""
-    for table in ("leases", "waiters"):
-        conn.execute(
-            f"INSERT OR REPLACE INTO gone (id, expires_at) SELECT id, ? + ttl_s FROM {table}"
-            " WHERE expires_at < ?",
-            (now, now),
-        )
-        conn.execute(f"DELETE FROM {table} WHERE expires_at < ?", (now,))
+    """Delete the expired leases (waking what they held) and waiters, burying their ids."""
+    for key, resources, ttl_s in conn.execute(
+        "SELECT id, resources, ttl_s FROM leases WHERE expires_at < ?", (now,)
+    ).fetchall():
+        conn.execute("INSERT OR REPLACE INTO gone (id, expires_at) VALUES (?, ?)",
+                     (key, now + ttl_s))  # fmt: skip
+        conn.execute("DELETE FROM leases WHERE id = ?", (key,))
+        index.wake(conn, json.loads(resources))
+    for key, ttl_s in conn.execute(
+        "SELECT id, ttl_s FROM waiters WHERE expires_at < ?", (now,)
+    ).fetchall():
+        conn.execute("INSERT OR REPLACE INTO gone (id, expires_at) VALUES (?, ?)",
+                     (key, now + ttl_s))  # fmt: skip
+        index.removed(conn, key, now)
 
 
 def _is_gone(conn: sqlite3.Connection, now: float, key: str) -> bool:

@@ -173,8 +173,11 @@ async def run(url: str, scenario: list[tuple[str, object]]) -> None:
                 with contextlib.suppress(asyncio.CancelledError):
                     await tasks.pop(rid)
             # 3. every grant made has reached its task; compare and check
-            await until(lambda: all(tasks[r].done() for r in granted),  # noqa: B023
-                        timeout=2, what="the grants the model made")
+            await until(
+                lambda: all(tasks[r].done() for r in granted),  # noqa: B023
+                timeout=2,
+                what="the grants the model made",
+            )
             await settle()
             for rid in [r for r, task in tasks.items() if task.done()]:
                 leases[rid] = tasks.pop(rid).result()
@@ -292,3 +295,199 @@ def test_random_schedules_keep_properties_1_to_5(kind: str, tmp_path: Path) -> N
                 drop_prefix(prefix)
 
     scenario_holds()
+
+
+# -- the memory store's grant index against the model, at fleet sizes (issue 39) ----------
+@dataclass
+class FleetModel:
+    """The rule over plain lists: every waiter in rank order at each pass."""
+
+    limits: dict[str, int]
+    queue: dict[str, tuple[Resources, int, bool, float]] = field(default_factory=dict)
+    held: Counter[str] = field(default_factory=Counter)
+
+    def limit(self, resource: str) -> int:
+        return limit_of(resource, self.limits)
+
+    def grant(self, now: float) -> list[str]:
+        ranked = sorted(
+            self.queue,
+            key=lambda k: (int(self.queue[k][2] and self.queue[k][3] > now), self.queue[k][1]),
+        )
+        granted = []
+        for key in ranked:
+            res = self.queue[key][0]
+            if any(self.held[r] >= self.limit(r) for r in res):
+                continue
+            self.held.update(res)
+            granted.append(key)
+            del self.queue[key]
+        return granted
+
+    def ahead(self, key: str, now: float) -> int:
+        """The waiters actually ahead (docs/scheduling.md's exact definition)."""
+        res, seq, batch, ages_at = self.queue[key]
+
+        def blocked(r: Resources) -> set[str]:
+            return {x for x in r if not private(x) and self.held[x] >= self.limit(x)}
+
+        def order(s: int, b: bool, a: float) -> tuple[int, int]:
+            return int(b and a > now), s
+
+        mine, me = blocked(res), order(seq, batch, ages_at)
+        return sum(1 for other, (r, s, b, a) in self.queue.items()
+                   if other != key and order(s, b, a) < me and blocked(r)
+                   and blocked(r) <= mine)  # fmt: skip
+
+
+def play_fleet(seed: int, waiters: int, spaces: int) -> None:
+    """Random arrivals, releases, cancels, limit changes and aging on a GrantIndex; after
+    each step its grants equal the model's and each position bounds who is ahead."""
+    import random
+
+    from pool.admission._ready import GrantIndex
+    from pool.admission._rule import limit_lookup
+
+    rnd = random.Random(seed)
+    names = [f"space:s{i}" for i in range(spaces)]
+    limits = {GLOBAL: max(1, spaces // 2) + rnd.randint(0, 3), CONSUMER_PREFIX: 2,
+              **{n: rnd.randint(1, 3) for n in names}}  # fmt: skip
+    model, index = FleetModel(dict(limits)), GrantIndex()
+    held: dict[str, int] = {}
+    leases: dict[str, Resources] = {}
+    now, seq, ages_after = 0.0, 0, rnd.choice([0.5, 3.0, 1e9])
+    for _ in range(int(waiters * 2.5)):
+        op = rnd.random()
+        if op < 0.5 or not (leases or model.queue):
+            if len(model.queue) >= waiters:
+                continue
+            seq += 1
+            res: Resources = ((GLOBAL,) if rnd.random() < 0.8 else ()) + (rnd.choice(names),)
+            if rnd.random() < 0.5:
+                res += (CONSUMER_PREFIX + rnd.choice("abc"),)
+            batch = rnd.random() < 0.3
+            model.queue[str(seq)] = (res, seq, batch, now + ages_after)
+            index.add(str(seq), res, seq, batch=batch, ages_at=now + ages_after, now=now)
+        elif op < 0.72 and leases:
+            key = rnd.choice(sorted(leases))
+            res = leases.pop(key)
+            model.held.subtract(res)
+            for r in res:
+                held[r] -= 1
+            index.freed(res)
+        elif op < 0.9 and model.queue:
+            key = rnd.choice(list(model.queue))
+            del model.queue[key]
+            index.remove(key, now)
+        elif op < 0.95:
+            name = rnd.choice([GLOBAL, *names])
+            model.limits[name] = limits[name] = rnd.randint(1, 4)
+            index.wake_all()
+        else:
+            now += rnd.choice([0.1, 1.0, 5.0])
+        expected = model.grant(now)
+        granted = index.grant_pass(held, limit_lookup(limits), now)
+        assert [w.key for w in granted] == expected, "index and model granted differently"
+        leases.update((w.key, w.resources) for w in granted)
+        assert {r: n for r, n in held.items() if n} == dict(+model.held)
+        if model.queue and rnd.random() < 0.2:
+            key = rnd.choice(list(model.queue))
+            position, _ = index.position(key, held, limit_lookup(limits), now)
+            assert position >= 1 + model.ahead(key, now), "a position below who is ahead"
+
+
+@pytest.mark.parametrize(
+    ("waiters", "spaces", "examples"), [(30, 3, 40), (200, 20, 6), (1000, 100, 2)]
+)
+def test_grant_index_matches_the_model_at_fleet_sizes(
+    waiters: int, spaces: int, examples: int
+) -> None:
+    """Random operation sequences up to 1,000 waiters over 100 Spaces: the memory store's
+    grant index grants exactly what the model grants, and positions are upper bounds."""
+
+    @settings(max_examples=examples, deadline=None, database=None)
+    @given(seed=st.integers(0, 2**32 - 1))
+    def holds(seed: int) -> None:
+        play_fleet(seed, waiters, spaces)
+
+    holds()
+
+
+def play_fleet_sqlite(seed: int, waiters: int, spaces: int, path: str) -> None:
+    """The same random sequences on the SQLite store's calls, in its transactions: its
+    grants equal the model's after each step and each position bounds who is ahead."""
+    import random
+
+    from pool.admission import _sqlite_index as index
+    from pool.admission._sqlite import _SQLiteStore
+
+    rnd = random.Random(seed)
+    names = [f"space:s{i}" for i in range(spaces)]
+    limits = {GLOBAL: max(1, spaces // 2) + rnd.randint(0, 3), CONSUMER_PREFIX: 2,
+              **{n: rnd.randint(1, 3) for n in names}}  # fmt: skip
+    model = FleetModel(dict(limits))
+    store = _SQLiteStore(path, owner="o", lease_ttl_s=3600, busy_timeout_s=2,
+                         poll_interval_s=1)  # fmt: skip
+    conn = store._connection()
+    leases: dict[str, Resources] = {}
+    now, seq, ages_after = 1e6, 0, rnd.choice([0.5, 3.0, 1e5])
+    conn.execute("BEGIN IMMEDIATE")
+    store._set_limits(conn, now, list(limits.items()))
+    try:
+        for _ in range(int(waiters * 2.5)):
+            op = rnd.random()
+            if op < 0.5 or not (leases or model.queue):
+                if len(model.queue) >= waiters:
+                    continue
+                seq += 1
+                res: Resources = ((GLOBAL,) if rnd.random() < 0.8 else ()) + (rnd.choice(names),)
+                if rnd.random() < 0.5:
+                    res += (CONSUMER_PREFIX + rnd.choice("abc"),)
+                batch = rnd.random() < 0.3
+                model.queue[str(seq)] = (res, seq, batch, now + ages_after)
+                got = store._enqueue(conn, now, str(seq), res, (int(batch), ages_after)).granted
+            elif op < 0.72 and leases:
+                key = rnd.choice(sorted(leases))
+                model.held.subtract(leases.pop(key))
+                got = store._release(conn, now, key, 0.0).granted
+            elif op < 0.9 and model.queue:
+                key = rnd.choice(list(model.queue))
+                del model.queue[key]
+                got = store._withdraw(conn, now, key, keep=False).view.granted
+            elif op < 0.95:
+                name = rnd.choice([GLOBAL, *names])
+                model.limits[name] = rnd.randint(1, 4)
+                got = store._set_limits(conn, now, [(name, model.limits[name])]).granted
+            else:
+                now += rnd.choice([0.1, 1.0, 5.0])
+                got = frozenset(store._grant(conn, now))
+            queued = dict(model.queue)
+            expected = model.grant(now)
+            assert set(got) == set(expected), "the SQLite store and the model granted differently"
+            leases.update((key, queued[key][0]) for key in expected)
+            if model.queue and rnd.random() < 0.2:
+                key = rnd.choice(list(model.queue))
+                position = index.position(conn, key, now, index.Counts(conn))
+                assert position >= 1 + model.ahead(key, now), "a position below who is ahead"
+    finally:
+        conn.execute("ROLLBACK")
+        store._close()
+
+
+@pytest.mark.parametrize(
+    ("waiters", "spaces", "examples"), [(30, 3, 15), (200, 20, 3), (1000, 100, 1)]
+)
+def test_sqlite_grant_index_matches_the_model_at_fleet_sizes(
+    waiters: int, spaces: int, examples: int, tmp_path: Path
+) -> None:
+    """Random operation sequences up to 1,000 waiters over 100 Spaces on the SQLite
+    store's grant index (its calls, in one transaction): the model's grants, and
+    positions that are upper bounds."""
+
+    @settings(max_examples=examples, deadline=None, database=None,
+              suppress_health_check=[HealthCheck.function_scoped_fixture])  # fmt: skip
+    @given(seed=st.integers(0, 2**32 - 1))
+    def holds(seed: int) -> None:
+        play_fleet_sqlite(seed, waiters, spaces, str(tmp_path / f"{seed}.db"))
+
+    holds()

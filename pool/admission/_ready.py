@@ -1,0 +1,404 @@
+"""The grant rule kept as indexes, so that its cost is flat in the queue, the fleet and a
+backlog (issue 39); the in-process store (``memory://``) uses it.
+
+:func:`~pool.admission._rule.plan_grants` reads every lane with a waiter at each pass:
+O(lanes) per hand-off, so 1,000 Spaces made each release cost 1,000 lane reads, and a
+consumer's backlog was read again at every pass. This module applies the same rule
+(all-or-nothing, rank order, a full shared resource blocks its lane, a waiter held back
+by its own consumer limit holds no place) over state that is kept between passes:
+
+* a *candidate* is a lane (its waiters in rank order, read at the head only) or one
+  waiter held back by its consumer, taken out of its lane;
+* between two passes, every candidate is *parked* under one resource that is full and
+  that it needs: ``parked[r]`` is a heap of candidates by their head's rank. A full
+  resource stays full until a slot of it is freed, so nobody parked under it can be
+  granted before then, and nobody needs to look at them;
+* a release *wakes* the resources it frees; a pass merges the heaps of the woken,
+  not-full resources (a handful) with the newcomers, pops the best candidate, checks
+  it (a full shared resource: park the lane under it; a full consumer: park the waiter
+  under its consumer; else grant and push the lane's next waiter) and stops when
+  every heap it merges is empty or full again.
+
+Popping candidates in rank order among those that can still be granted, and granting
+each one that fits, is exactly :func:`plan_grants`' pass (its counts only grow, so a
+candidate that did not fit at its turn never fits later in the pass). Each grant,
+release, cancel or timeout touches O(1) candidates and O(log n) heap entries; stale
+heap entries (a lane whose head changed) are skipped by a stamp. A batch waiter's rank
+changes when it ages: an *aging* heap re-ranks a candidate at that moment.
+
+**Positions.** A waiter's position is computed for one waiter at a time, in
+O(log n), from per-resource order statistics (:class:`Ranks`): ``1 +`` the waiters
+ranked before it that need one of the shared resources blocking it now (capped by all
+the waiters ranked before it). It counts everybody who is actually ahead (those blocked
+only by resources that block this waiter too, docs/scheduling.md) and may count some
+who are not: an upper bound.
+
+``work`` counts the entries touched (candidates checked, heap entries pushed and
+popped, waiters added or removed) so that tests can assert it stays flat
+(``tests/admission/test_work.py``); ``positions`` counts the positions computed.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from bisect import bisect_left
+from collections import OrderedDict
+from collections.abc import Callable, Iterable, MutableMapping
+
+from ._rule import Order, is_private, lane_of
+
+_COMPACT_MIN = 64  # a Ranks rebuilds itself once it has this many dead entries and more
+# dead than live ones: amortized O(1) per removal
+
+
+class Ranks:
+    """Live arrivals in arrival order: how many arrived before a given one, O(log n).
+
+    An append-only array of sequence numbers with a Fenwick tree over their live flags;
+    compacted when half of it is dead.
+    """
+
+    __slots__ = ("_alive", "_dead", "_seqs", "_tree", "total")
+
+    def __init__(self) -> None:
+        self._seqs: list[int] = []
+        self._alive = bytearray()
+        self._tree: list[int] = [0]  # 1-based Fenwick tree
+        self._dead = 0
+        self.total = 0
+
+    def add(self, seq: int) -> None:
+        """Record an arrival; ``seq`` is larger than every one recorded before."""
+        self._seqs.append(seq)
+        self._alive.append(1)
+        i = len(self._seqs)
+        self._tree.append(1 + self._prefix(i - 1) - self._prefix(i - (i & -i)))
+        self.total += 1
+
+    def remove(self, seq: int) -> None:
+        index = bisect_left(self._seqs, seq)
+        if index == len(self._seqs) or self._seqs[index] != seq or not self._alive[index]:
+            return
+        self._alive[index] = 0
+        i = index + 1
+        while i < len(self._tree):
+            self._tree[i] -= 1
+            i += i & -i
+        self.total -= 1
+        self._dead += 1
+        if self._dead >= _COMPACT_MIN and self._dead > self.total:
+            self._compact()
+
+    def before(self, seq: int) -> int:
+        """How many live arrivals have a smaller sequence number than ``seq``."""
+        return self._prefix(bisect_left(self._seqs, seq))
+
+    def _prefix(self, i: int) -> int:
+        total = 0
+        while i > 0:
+            total += self._tree[i]
+            i -= i & -i
+        return total
+
+    def _compact(self) -> None:
+        """Drop the dead entries; the tree is rebuilt in one linear sweep."""
+        self._seqs = [s for s, alive in zip(self._seqs, self._alive, strict=True) if alive]
+        size = len(self._seqs)
+        self._alive = bytearray(b"\x01" * size)
+        tree = [0] + [1] * size
+        for i in range(1, size + 1):
+            parent = i + (i & -i)
+            if parent <= size:
+                tree[parent] += tree[i]
+        self._tree, self._dead, self.total = tree, 0, size
+
+
+class Waiter:
+    """One waiter as the index sees it."""
+
+    __slots__ = ("ages_at", "batch", "key", "lane", "resources", "seq", "single")
+
+    def __init__(
+        self, key: str, resources: tuple[str, ...], seq: int, batch: bool, ages_at: float
+    ) -> None:
+        self.key = key
+        self.resources = resources
+        self.seq = seq
+        self.batch = batch
+        self.ages_at = ages_at
+        self.lane: _Lane | None = None  # None while held back by its consumer
+        self.single: _Single | None = None
+
+    def order(self, now: float) -> Order:
+        return (1 if self.batch and self.ages_at > now else 0, self.seq)
+
+
+class _Candidate:
+    __slots__ = ("place", "stamp")
+
+    def __init__(self) -> None:
+        self.stamp = -1  # the stamp of its one valid heap entry; -1: in no heap
+        self.place = ""  # the resource it is parked under ("": the pass's own heap)
+
+    def head(self) -> Waiter:
+        raise NotImplementedError
+
+
+class _Lane(_Candidate):
+    """Waiters with the same shared resources and class, in arrival (= rank) order."""
+
+    __slots__ = ("name", "waiters")
+
+    def __init__(self, name: tuple[str, int]) -> None:
+        super().__init__()
+        self.name = name
+        self.waiters: OrderedDict[str, Waiter] = OrderedDict()
+
+    def head(self) -> Waiter:
+        return next(iter(self.waiters.values()))
+
+
+class _Single(_Candidate):
+    """A waiter held back by its own consumer limit, out of its lane."""
+
+    __slots__ = ("waiter",)
+
+    def __init__(self, waiter: Waiter) -> None:
+        super().__init__()
+        self.waiter = waiter
+
+    def head(self) -> Waiter:
+        return self.waiter
+
+
+_Entry = tuple[Order, int, _Candidate]
+
+
+class GrantIndex:
+    """The waiters of one store, indexed for the grant pass and for positions."""
+
+    def __init__(self) -> None:
+        self._waiters: dict[str, Waiter] = {}
+        self._lanes: dict[tuple[str, int], _Lane] = {}
+        self._parked: dict[str, list[_Entry]] = {}
+        self._fresh: list[_Entry] = []  # candidates to check at the next pass
+        self._woken: set[str] = set()
+        self._aging: list[tuple[float, int, _Candidate]] = []
+        self._stamps = itertools.count()
+        self._ranks: dict[tuple[str, int], Ranks] = {}  # (shared resource or "", class)
+        self._live: dict[str, int] = {}  # valid entries per heap ("": the pass's own)
+        self.work = 0
+        self.positions = 0  # positions computed (each O(log n)), apart from ``work``
+
+    def __len__(self) -> int:
+        return len(self._waiters)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._waiters
+
+    def add(
+        self,
+        key: str,
+        resources: tuple[str, ...],
+        seq: int,
+        *,
+        batch: bool,
+        ages_at: float,
+        now: float,
+    ) -> Waiter:
+        """Queue a waiter; ``seq`` is larger than every one given before."""
+        waiter = Waiter(key, resources, seq, batch, ages_at)
+        self._waiters[key] = waiter
+        name = (lane_of(resources), int(batch))
+        lane = self._lanes.get(name)
+        if lane is None:
+            lane = self._lanes[name] = _Lane(name)
+        lane.waiters[key] = waiter
+        waiter.lane = lane
+        if len(lane.waiters) == 1:
+            self._push(lane, "", waiter.order(now))  # checked at the next pass
+        for r in self._ranked(resources):
+            ranks = self._ranks.get((r, int(batch)))
+            if ranks is None:
+                ranks = self._ranks[(r, int(batch))] = Ranks()
+            ranks.add(seq)
+        self.work += 1
+        return waiter
+
+    def remove(self, key: str, now: float) -> Waiter | None:
+        """Take a waiter out (granted elsewhere, cancelled, timed out)."""
+        waiter = self._waiters.pop(key, None)
+        if waiter is None:
+            return None
+        self.work += 1
+        for r in self._ranked(waiter.resources):
+            self._ranks[(r, int(waiter.batch))].remove(waiter.seq)
+        lane, single = waiter.lane, waiter.single
+        if single is not None:
+            self._unlist(single)  # its heap entry is stale now
+            waiter.single = None
+        elif lane is not None:
+            was_head = next(iter(lane.waiters)) == key
+            del lane.waiters[key]
+            waiter.lane = None
+            if not lane.waiters:
+                self._unlist(lane)
+                del self._lanes[lane.name]
+            elif was_head and lane.stamp >= 0:
+                self._push(lane, lane.place, lane.head().order(now))
+        return waiter
+
+    def freed(self, resources: Iterable[str]) -> None:
+        """Slots of these resources were freed: the next pass looks at who waits for them."""
+        self._woken.update(r for r in resources if r in self._parked)
+
+    def wake_all(self) -> None:
+        """Limits changed: the next pass looks at every resource somebody waits for."""
+        self._woken.update(self._parked)
+
+    def grant_pass(
+        self, held: MutableMapping[str, int], limit_of: Callable[[str], int], now: float
+    ) -> list[Waiter]:
+        """The grant rule's pass: the waiters granted, in rank order, already counted
+        in ``held`` and out of the index."""
+        self._age(now)
+        sources: list[tuple[str, list[_Entry]]] = [("", self._fresh)]
+        for r in self._woken:
+            heap = self._parked.get(r)
+            if heap:
+                sources.append((r, heap))
+        self._woken.clear()
+        granted: list[Waiter] = []
+        while True:
+            best: list[_Entry] | None = None
+            for name, heap in sources:
+                if name and held.get(name, 0) >= limit_of(name):
+                    continue  # full again: everybody under it is blocked
+                while heap and heap[0][1] != heap[0][2].stamp:
+                    heapq.heappop(heap)  # stale
+                    self.work += 1
+                if heap and (best is None or heap[0] < best[0]):
+                    best = heap
+            if best is None:
+                break
+            order, _, candidate = heapq.heappop(best)
+            self.work += 1
+            self._unlist(candidate)
+            waiter = candidate.head()
+            blocked = _first_full(waiter.resources, held, limit_of, private=False)
+            if blocked is not None:  # (1): the lane waits under it
+                self._push(candidate, blocked, order)
+                continue
+            consumer = _first_full(waiter.resources, held, limit_of, private=True)
+            if consumer is not None:  # held back by its own consumer: no place anywhere
+                if isinstance(candidate, _Lane):
+                    self._take_out(candidate, waiter, now)
+                    single = waiter.single = _Single(waiter)
+                    self._push(single, consumer, order)
+                else:
+                    self._push(candidate, consumer, order)
+                continue
+            for r in waiter.resources:  # (2)
+                held[r] = held.get(r, 0) + 1
+            self.remove(waiter.key, now)
+            if isinstance(candidate, _Lane) and candidate.waiters:
+                self._push(candidate, "", candidate.head().order(now))
+            granted.append(waiter)
+        for name, heap in sources:
+            if name and not heap and self._parked.get(name) is heap:
+                del self._parked[name]
+                self._live.pop(name, None)
+        return granted
+
+    def position(
+        self, key: str, held: MutableMapping[str, int], limit_of: Callable[[str], int],
+        now: float,
+    ) -> tuple[int, int]:  # fmt: skip
+        """``(position, capacity)`` of a queued waiter, O(log n): position is ``1 +`` an
+        upper bound of the waiters actually ahead (module doc); capacity is the smallest
+        limit among the shared resources that block it (1 when none does)."""
+        waiter = self._waiters.get(key)
+        if waiter is None:
+            return 0, 1
+        self.positions += 1
+        blocking = [r for r in waiter.resources
+                    if not is_private(r) and held.get(r, 0) >= limit_of(r)]  # fmt: skip
+        if not blocking:
+            return 1, 1
+        counted = sum(self._ahead(r, waiter, now) for r in blocking)
+        if len(blocking) > 1:  # a waiter ahead may be counted once per resource
+            counted = min(counted, self._ahead("", waiter, now))
+        return 1 + counted, min(limit_of(r) for r in blocking)
+
+    def _ahead(self, resource: str, waiter: Waiter, now: float) -> int:
+        interactive = self._ranks.get((resource, 0))
+        batch = self._ranks.get((resource, 1))
+        count = batch.before(waiter.seq) if batch is not None else 0
+        if interactive is not None:
+            aged = not waiter.batch or waiter.ages_at <= now
+            count += interactive.before(waiter.seq) if aged else interactive.total
+        return count
+
+    def _ranked(self, resources: tuple[str, ...]) -> list[str]:
+        return ["", *(r for r in resources if not is_private(r))]
+
+    def _take_out(self, lane: _Lane, waiter: Waiter, now: float) -> None:
+        """Move a lane's head out of it; the lane goes on with its next waiter."""
+        del lane.waiters[waiter.key]
+        waiter.lane = None
+        if lane.waiters:
+            self._push(lane, "", lane.head().order(now))
+        else:
+            del self._lanes[lane.name]
+
+    def _unlist(self, candidate: _Candidate) -> None:
+        """Its heap entry, if any, is stale from now on."""
+        if candidate.stamp >= 0:
+            candidate.stamp = -1
+            self._live[candidate.place] -= 1
+
+    def _push(self, candidate: _Candidate, place: str, order: Order) -> None:
+        self._unlist(candidate)
+        stamp = next(self._stamps)
+        candidate.stamp, candidate.place = stamp, place
+        heap = self._fresh if not place else self._parked.setdefault(place, [])
+        live = self._live[place] = self._live.get(place, 0) + 1
+        if len(heap) >= 2 * live + _COMPACT_MIN:  # mostly stale: amortized O(1) per push
+            heap[:] = [e for e in heap if e[1] == e[2].stamp]
+            heapq.heapify(heap)
+        heapq.heappush(heap, (order, stamp, candidate))
+        self.work += 1
+        if order[0]:  # a batch head: re-ranked when it ages
+            heapq.heappush(self._aging, (candidate.head().ages_at, stamp, candidate))
+
+    def _age(self, now: float) -> None:
+        while self._aging and self._aging[0][0] <= now:
+            _, stamp, candidate = heapq.heappop(self._aging)
+            self.work += 1
+            if candidate.stamp == stamp:  # still parked with that head
+                place = candidate.place
+                self._push(candidate, place, candidate.head().order(now))
+                if place:
+                    self._woken.add(place)
+
+    def keys(self) -> list[str]:
+        return list(self._waiters)
+
+
+def _first_full(
+    resources: tuple[str, ...],
+    held: MutableMapping[str, int],
+    limit_of: Callable[[str], int],
+    *,
+    private: bool,
+) -> str | None:
+    """The first full resource of the kind asked; a Space before ``backend:global``, so
+    that a lane blocked by both waits under its Space (fewer waiters to wake)."""
+    found: str | None = None
+    for r in resources:
+        if is_private(r) == private and held.get(r, 0) >= limit_of(r):
+            if not r.startswith("backend:"):
+                return r
+            found = r
+    return found
