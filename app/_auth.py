@@ -132,6 +132,9 @@ async def require_api_token(request: Request) -> None:
         if record is not None:
             await _enter(request, record)
             return
+        if (revoked := keys.revoked(presented)) is not None:
+            raise AuthError(401, "key_revoked", f"the API key {revoked.name!r} was revoked"
+                            " by the operator: ask for a new key")  # fmt: skip
         if expected is not None or presented.startswith(KEY_PREFIX):
             raise AuthError(401, "unauthorized", "POOL_API_TOKEN or API key: wrong token")
     elif expected is not None:

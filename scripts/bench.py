@@ -238,7 +238,7 @@ class Runner:
             from _bench_queue import queue_rows
 
             return asyncio.run(queue_rows(rounds=p.queue_rounds, steps=p.queue_steps))
-        if key.startswith("scale-"):
+        if key.startswith("scale-") and key != "scale-redis-fleet":
             from _bench_scale import scale_rows
 
             kind = key.removeprefix("scale-")

@@ -70,7 +70,8 @@ async def test_front_refusals_carry_detail_and_unknown_usage_keys_are_404(
     service: ServiceProcess, spaces: SpaceFleet
 ) -> None:
     """A made-up key on the front: 401 with ``detail`` (what @gradio/client shows);
-    ``usage?key=`` of no key: 404 key_not_found; of a revoked key: 200 (its usage)."""
+    a revoked key: 401 key_revoked naming it, on both faces; ``usage?key=`` of no key:
+    404 key_not_found; of a revoked key: 200 (its usage)."""
     space = next(iter(spaces))
     async with service.client(Authorization="Bearer sp_made-up") as client:
         refused = await client.get(f"/gradio/{space.name}/config")
@@ -88,6 +89,13 @@ async def test_front_refusals_carry_detail_and_unknown_usage_keys_are_404(
     assert shown["revoked"] is True and shown["revoked_at"].endswith("Z")
     assert isinstance(shown["created_at"], float) and shown["created"].endswith("Z")
     assert abs(shown["created_at"] - time.time()) < 600
+    async with service.client(Authorization=f"Bearer {key['key']}") as client:
+        json_api = await client.post("/api/predict", json={"api_name": "/echo", "args": ["x", 0]})
+        front = await client.get(f"/gradio/{space.name}/config")
+    for answer in (json_api, front):
+        assert answer.status_code == 401 and answer.json()["error"] == "key_revoked", answer.text
+        assert "'short-lived' was revoked" in answer.json()["message"]
+    assert "revoked" in front.json()["detail"]
 
 
 async def test_a_session_named_without_its_owner_says_how_sessions_are_named(
