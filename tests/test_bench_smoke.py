@@ -16,7 +16,8 @@ ROOT = Path(__file__).resolve().parent.parent
 QUICK_LIMIT_S = 240.0  # BENCHMARKS.md: "scripts/bench --quick ... < 4 min"
 GROUPS = (
     "cycle", "fairness", "queue", "stores", "fresh", "raw", "saturation", "rss", "transport",
-    "replicas", "replicas-mixed", "limit",
+    "replicas", "replicas-mixed", "limit", "scale-memory", "scale-sqlite", "scale-redis",
+    "scale-redis-fleet",
 )  # fmt: skip
 
 
