@@ -62,6 +62,15 @@ def make_url(kind: str, tmp_path: Path, name: str = "admission") -> Iterator[str
         drop_prefix(prefix)
 
 
+@pytest.fixture
+def redis_prefix() -> Iterator[str]:
+    """A private key prefix on the test Redis, deleted afterwards."""
+    require_redis()
+    prefix = f"spacepool-test:{uuid.uuid4().hex[:12]}:"
+    yield prefix
+    drop_prefix(prefix)
+
+
 @pytest.fixture(params=STORES)
 def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
     """The URL of a fresh store, once per store kind."""

@@ -12,7 +12,6 @@ import asyncio
 import logging
 import sqlite3
 import time
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -31,7 +30,7 @@ from tests.admission._managed_redis import (
     slot_owner,
     start_cluster,
 )
-from tests.admission.conftest import REDIS_URL, drop_prefix, require_redis
+from tests.admission.conftest import REDIS_URL
 
 TTL_S = 3.0
 # The safety poll is put out of reach: a grant another process makes arrives by pub/sub.
@@ -200,14 +199,6 @@ def _free() -> int:
 
 
 # -- item 7: the layout's version, eviction ------------------------------------------------
-@pytest.fixture
-def redis_prefix() -> Iterator[str]:
-    """A private prefix on the test Redis, deleted afterwards."""
-    require_redis()
-    prefix = f"spacepool-test:{uuid.uuid4().hex[:12]}:"
-    yield prefix
-    drop_prefix(prefix)
-
 
 async def test_redis_of_another_layout_is_refused(redis_prefix: str) -> None:
     """A store recorded by another release is refused in one line naming both

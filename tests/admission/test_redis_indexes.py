@@ -10,7 +10,6 @@ take a few seconds.
 from __future__ import annotations
 
 import random
-import uuid
 from collections.abc import Iterator
 
 import pytest
@@ -19,7 +18,7 @@ import redis
 from pool.admission import CONSUMER_PREFIX
 from pool.admission._rule import Entry, lane_of, limit_lookup, plan_grants
 
-from .conftest import REDIS_URL, drop_prefix, require_redis
+from .conftest import REDIS_URL
 from .helpers import GLOBAL
 from .test_redis_work import Script, enqueue
 
@@ -75,12 +74,9 @@ def lazy(entries: list[tuple[str, tuple[str, ...], int]], rank: int) -> Iterator
 
 
 @pytest.fixture
-def prefix() -> Iterator[str]:
-    """A private prefix of the test Redis, deleted afterwards."""
-    require_redis()
-    name = f"spacepool-test:{uuid.uuid4().hex[:12]}:"
-    yield name
-    drop_prefix(name)
+def prefix(redis_prefix: str) -> str:
+    """A private prefix of the test Redis, deleted afterwards (conftest's)."""
+    return redis_prefix
 
 
 @pytest.mark.parametrize(("seed", "batch"), [(1, BATCH), (2, AGED)])

@@ -11,8 +11,6 @@ compare their counts. The script is driven directly, as the store's client does.
 from __future__ import annotations
 
 import json
-import uuid
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -22,7 +20,7 @@ from pool.admission import CONSUMER_PREFIX
 from pool.admission._lua import load_script
 from pool.admission._redis import _KEYS
 
-from .conftest import REDIS_URL, drop_prefix, require_redis
+from .conftest import REDIS_URL
 from .helpers import GLOBAL
 
 TTL_MS = 60_000
@@ -80,12 +78,9 @@ def enqueue(wid: str, resources: list[str], rank: int = 0, ages_ms: int = 600_00
 
 
 @pytest.fixture
-def prefix() -> Iterator[str]:
-    """A private prefix of the test Redis, deleted afterwards."""
-    require_redis()
-    name = f"spacepool-test:{uuid.uuid4().hex[:12]}:"
-    yield name
-    drop_prefix(name)
+def prefix(redis_prefix: str) -> str:
+    """A private prefix of the test Redis, deleted afterwards (conftest's)."""
+    return redis_prefix
 
 
 def crowd(script: Script, spaces: int, waiters: int, backlog: int = 0) -> None:
