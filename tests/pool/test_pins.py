@@ -96,8 +96,8 @@ async def warm(pool: Pool, spaces: list[SpaceProcess]) -> None:
 
 
 # Each store at one fleet size, both sizes covered (the suite's time: each case is four
-# to six runs of 40 calls; tests/service/test_pins_http.py runs 3 Spaces over SQLite).
-CASES = [("memory", 3), ("sqlite", 2), ("redis", 3)]
+# to six runs of 40 calls); SQLite: tests/service/test_pins_http.py (two processes).
+CASES = [("memory", 3), ("redis", 2)]
 
 
 @pytest.fixture
