@@ -38,18 +38,22 @@ async def test_a_recurring_burst_finds_its_connections_open(
     clean_fleet: SpaceFleet, make_pool: PoolMaker
 ) -> None:
     """Kept warm = peak in use over the window: after a burst of 6 the idle connections
-    outlive POOL_IDLE_TIMEOUT_S, so the second burst opens at most 1 connection."""
+    outlive POOL_IDLE_TIMEOUT_S, so the second burst opens at most 1 connection. (The
+    peak is the Space's own: on a loaded machine the six calls may not all overlap.)"""
     pool = warm_pool(make_pool, clean_fleet, warm_window_s=60)
+    clean_fleet["alpha"].reset()
     first = await burst(pool)
+    peak = clean_fleet["alpha"].stats().peak
     await asyncio.sleep(1.0)  # five idle timeouts: without warmth they are reaped to 1
     sp = pool.spaces["alpha"]
     stats = await pool.stats()
     kept, minimum = stats["pools"]["alpha"]["keptWarm"], stats["pools"]["alpha"]["minConnections"]
     second = await burst(pool)
-    print(f"\nwarmth: first burst opened {first}, kept warm {kept} (minimum {minimum}), "
-          f"open before the second {sp.total}, second burst opened {second}")  # fmt: skip
+    print(f"\nwarmth: first burst opened {first} (peak at the Space {peak}), kept warm {kept}"
+          f" (minimum {minimum}), open before the second {sp.total}, second burst opened"
+          f" {second}")  # fmt: skip
     assert first >= 4, "the first burst should have opened connections"
-    assert kept >= first and minimum == 1
+    assert kept >= peak >= 4 and minimum == 1
     assert second <= 1
 
 
