@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import random
 import sqlite3
 import uuid
 from collections import Counter
@@ -340,11 +341,18 @@ class FleetModel:
                    and blocked(r) <= mine)  # fmt: skip
 
 
+def _random_waiter(rnd: random.Random, names: list[str]) -> tuple[Resources, bool]:
+    """A random waiter's resources (global in 80 %, a consumer in half) and whether it
+    is batch (30 %)."""
+    res: Resources = ((GLOBAL,) if rnd.random() < 0.8 else ()) + (rnd.choice(names),)
+    if rnd.random() < 0.5:
+        res += (CONSUMER_PREFIX + rnd.choice("abc"),)
+    return res, rnd.random() < 0.3
+
+
 def play_fleet(seed: int, waiters: int, spaces: int) -> None:
     """Random arrivals, releases, cancels, limit changes and aging on a GrantIndex; after
     each step its grants equal the model's and each position bounds who is ahead."""
-    import random
-
     from pool.admission._ready import GrantIndex
     from pool.admission._rule import limit_lookup
 
@@ -362,10 +370,7 @@ def play_fleet(seed: int, waiters: int, spaces: int) -> None:
             if len(model.queue) >= waiters:
                 continue
             seq += 1
-            res: Resources = ((GLOBAL,) if rnd.random() < 0.8 else ()) + (rnd.choice(names),)
-            if rnd.random() < 0.5:
-                res += (CONSUMER_PREFIX + rnd.choice("abc"),)
-            batch = rnd.random() < 0.3
+            res, batch = _random_waiter(rnd, names)
             model.queue[str(seq)] = (res, seq, batch, now + ages_after)
             index.add(str(seq), res, seq, batch=batch, ages_at=now + ages_after, now=now)
         elif op < 0.72 and leases:
@@ -416,8 +421,6 @@ def test_grant_index_matches_the_model_at_fleet_sizes(
 def play_fleet_sqlite(seed: int, waiters: int, spaces: int, path: str) -> None:
     """The same random sequences on the SQLite store's calls, in its transactions: its
     grants equal the model's after each step and each position bounds who is ahead."""
-    import random
-
     from pool.admission import _sqlite_index as index
     from pool.admission._sqlite import _SQLiteStore
 
@@ -440,10 +443,7 @@ def play_fleet_sqlite(seed: int, waiters: int, spaces: int, path: str) -> None:
                 if len(model.queue) >= waiters:
                     continue
                 seq += 1
-                res: Resources = ((GLOBAL,) if rnd.random() < 0.8 else ()) + (rnd.choice(names),)
-                if rnd.random() < 0.5:
-                    res += (CONSUMER_PREFIX + rnd.choice("abc"),)
-                batch = rnd.random() < 0.3
+                res, batch = _random_waiter(rnd, names)
                 model.queue[str(seq)] = (res, seq, batch, now + ages_after)
                 got = store._enqueue(conn, now, str(seq), res, (int(batch), ages_after)).granted
             elif op < 0.72 and leases:

@@ -20,6 +20,7 @@ import pytest
 
 from devspaces import SpaceProcess
 from pool import Pool, PoolSettings, UnknownEndpoint
+from tests.conftest import spaces_env
 
 from .conftest import ServiceFactory, ServiceProcess
 
@@ -38,10 +39,6 @@ def demo() -> Iterator[dict[str, SpaceProcess]]:
     finally:
         for space in started:
             space.stop()
-
-
-def spaces_env(demo: dict[str, SpaceProcess]) -> str:
-    return ",".join(f"{name}={space.url}" for name, space in demo.items())
 
 
 @pytest.fixture(scope="module")
