@@ -76,6 +76,7 @@ def _makes_call(request: Request) -> bool:
         path in ("/api/predict", "/api/jobs")
         or path.endswith("/gradio_api/queue/join")
         or "/gradio_api/call/" in path
+        or "/gradio_api/run/" in path
     )
 
 

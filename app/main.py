@@ -58,8 +58,9 @@ from ._dashboard import router as dashboard_router
 from ._draining import Draining
 from ._filestore import FileOutput, FileStore, run_sweeper
 from ._filestore import router as files_router
-from ._gradio import FrontSessions
+from ._gradio import FrontCors, FrontSessions
 from ._gradio import event_of as gradio_event_of
+from ._gradio import pages_router as gradio_pages_router
 from ._gradio import router as gradio_router
 from ._history import Activity, run_sampler
 from ._jobs import JobRunner, MemoryJobStore
@@ -254,6 +255,7 @@ def create_app(settings: ServiceSettings | None = None) -> FastAPI:
         multipart_max_bytes=settings.max_body_bytes + settings.max_upload_bytes,
     )
     app.add_middleware(TraceRequests)  # one span per request (app/_tracing.py)
+    app.add_middleware(FrontCors, settings=settings)  # /gradio/ only (app/_gradio/_cors.py)
     app.add_middleware(AccessLog, internal_error=_errors.internal_error)  # outermost
     app.include_router(router)
     app.include_router(files_router)
@@ -262,6 +264,7 @@ def create_app(settings: ServiceSettings | None = None) -> FastAPI:
     app.include_router(dashboard_router)
     app.include_router(team_router)
     app.include_router(gradio_router)
+    app.include_router(gradio_pages_router)  # after the API's routes: /gradio/{alias} last
     return app
 
 

@@ -10,10 +10,16 @@ app) gets pooling, session pinning, admission and failover.
 * :mod:`._messages` — a session's messages, in the coordinator (any worker reads them):
   the one place they are published and read;
 * :mod:`._space_view` — the Spaces' config, API and files (no admission);
-* :mod:`._rewrite` — no Space address reaches the caller.
+* :mod:`._rewrite` — no Space address reaches the caller;
+* :mod:`._pages` — the Spaces' own web pages for browsers (``POOL_GRADIO_PAGES``), and
+  :mod:`._run` — the events a page runs outside its queue, as pool calls;
+* :mod:`._visitors` — a page's visitor (a signed cookie); :mod:`._cors` — CORS for
+  pages on other origins.
 """
 
+from ._cors import FrontCors
 from ._front_sessions import FrontSessions
+from ._pages import router as pages_router
 from ._routes import event_of, router
 
-__all__ = ["FrontSessions", "event_of", "router"]
+__all__ = ["FrontCors", "FrontSessions", "event_of", "pages_router", "router"]

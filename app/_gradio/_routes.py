@@ -70,6 +70,7 @@ from ._space_view import (
     served,
     transport_of,
 )
+from ._visitors import visitor_email
 
 USER_HEADER = "x-spacepool-user"
 # The heartbeat's cadence until the Space's own is known (it is measured on the Space's
@@ -124,12 +125,13 @@ def _front_root(request: Request) -> str:
 
 
 def _email(request: Request) -> str | None:
-    """The ``X-Spacepool-User`` header, checked as the JSON API checks ``email``."""
+    """The ``X-Spacepool-User`` header, checked as the JSON API checks ``email``; without
+    one, a page's visitor while pages are served (:mod:`._visitors`)."""
     value = request.headers.get(USER_HEADER, "").strip()
     if value and not is_email(value):
         raise InvalidRequest(f"{USER_HEADER} must be an email address (at most"
                              f" {EMAIL_MAX_CHARS} characters)")  # fmt: skip
-    return value or None
+    return value or visitor_email(request)
 
 
 def _error(exc: BaseException) -> Response:
