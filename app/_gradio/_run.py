@@ -29,6 +29,7 @@ from fastapi.responses import JSONResponse, Response
 from pool import InvalidRequest, PoolError, get_pool
 
 from .._auth import pass_gate
+from .._logging import context_of
 from ._rewrite import rewriter
 from ._routes import _body, _event, _scope, sessions
 from ._space_view import served
@@ -65,7 +66,7 @@ async def run(request: Request) -> Response:
             event.email, space=session.scope, session=session.core, api_name=event.api_name,
             queue_timeout_s=event.queue_timeout_s, avoid=session.avoid,
         ) as handle:  # fmt: skip
-            session.space = handle.space
+            session.space = context_of(request).space = handle.space
             await pass_gate()  # its key revoked, or out of Space-seconds: not run
             _, app = handle.raw.wire()
             endpoint = app.endpoints.get(event.fn_index)

@@ -160,6 +160,14 @@ def test_streaming_chat_keeps_its_state(service: ServiceProcess, visit: Visit) -
         earlier = " | ".join(["a", "b", "c"][:i]) or "(nothing)"
         expect(page.get_by_text(f"heard '{word}'; earlier: {earlier}")).to_be_visible()
     visit.only_to(service.url)
+    # The steps run outside the queue reached the Space through run/, as pool calls of
+    # the page's visitor (one user: the visitor cookie's), like its queued events.
+    lines = [line for line in service.log_lines() if line.get("space") == "chat"]
+    runs = [line for line in lines if str(line.get("path")).endswith("/run/{api_name}")]
+    joins = [line for line in lines if str(line.get("path")).endswith("/queue/join")]
+    assert len(joins) >= 3 and len(runs) >= 3
+    assert {line["status"] for line in runs + joins} == {200}
+    assert len({line.get("user") for line in runs + joins} - {None}) == 1
 
 
 def test_login_page_then_image_upload(service: ServiceProcess, visit: Visit, tmp_path: Path,
@@ -383,3 +391,4 @@ class _OtherOrigin:
         self.server.shutdown()
         self.server.server_close()
         self.thread.join(5)
+

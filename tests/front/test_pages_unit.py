@@ -1,0 +1,169 @@
+"""The front's pages and CORS without a browser or a Space (issue 42): the page's
+rewrite (:func:`app._gradio._pages.render`), the static cache's bounds, and the CORS
+rules (:class:`app._gradio._cors.FrontCors`) around a plain ASGI app. The pages in a
+real browser: tests/browser/test_pages.py."""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+import httpx
+import pytest
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import PlainTextResponse
+from starlette.routing import Route
+
+from app._gradio._cors import FrontCors
+from app._gradio._pages import Cached, StaticCache, render
+from app._settings import ServiceSettings
+from pool.transport import AppInfo
+
+SPACE = "http://10.1.2.3:7861"
+FRONT = "https://pool.example/gradio/alpha"
+
+
+def _source(root: str = SPACE) -> str:
+    image = {"url": f"{root}/gradio_api/file=/x.png"}
+    config = {"root": root, "protocol": "sse_v3", "app_id": 7, "title": "t",
+              "components": [{"id": 1, "props": {"value": image}}],
+              "dependencies": [], "username": None}  # fmt: skip
+    info = {"named_endpoints": {"/echo": {"code": f"Client('{root}/')"}}, "unnamed_endpoints": {}}
+    return (
+        '<html><head><base href="./" /><script>window.gradio_config = '
+        + json.dumps(config).replace("<", "\\u003c")
+        + ";</script><script>window.gradio_api_info = "
+        + json.dumps(info)
+        + f';</script><script>const root = "{root}";</script>'
+        + '<link rel="manifest" href="/manifest.json" />'
+        + '<script type="module" crossorigin src="./assets/index-x.js"></script></head></html>'
+    )
+
+
+def _app(root: str = SPACE) -> AppInfo:
+    return AppInfo(root, {"root": root, "protocol": "sse_v3", "app_id": 7}, {})
+
+
+def _config(page: str) -> dict[str, Any]:
+    match = re.search(r"window\.gradio_config = (.*?);</script>", page, re.S)
+    assert match is not None
+    parsed: dict[str, Any] = json.loads(match.group(1))
+    return parsed
+
+
+def test_the_page_names_the_front_only() -> None:
+    page = render(_source(), _app(), FRONT)
+    assert "10.1.2.3" not in page
+    config = _config(page)
+    assert config["root"] == FRONT
+    assert config["components"][0]["props"]["value"]["url"] == f"{FRONT}/gradio_api/file=/x.png"
+    assert f'const root = "{FRONT}"' in page
+    assert 'href="./manifest.json"' in page and 'href="/manifest.json"' not in page
+    assert "./assets/index-x.js" in page  # the page's files: relative, under the scope
+
+
+def test_a_space_root_other_than_its_address_is_replaced_too() -> None:
+    """The Space computed its root from a forwarded host: that one goes too."""
+    page = render(_source("https://space.hf.example"), _app(), FRONT)
+    assert "space.hf.example" not in page and "10.1.2.3" not in page
+    assert _config(page)["root"] == FRONT
+
+
+def test_logged_out_page_carries_nothing_of_the_app() -> None:
+    page = render(_source(), _app(), FRONT, logged_out=True)
+    config = _config(page)
+    assert config["auth_required"] is True and config["components"] == []
+    assert config["dependencies"] == [] and config["root"] == FRONT
+    assert "/echo" not in page and "10.1.2.3" not in page
+
+
+def test_a_page_without_a_config_is_refused() -> None:
+    with pytest.raises(ValueError, match="gradio_config"):
+        render("<html></html>", _app(), FRONT)
+
+
+def test_static_cache_is_bounded() -> None:
+    cache = StaticCache(max_bytes=100, max_entries=3)
+    for i in range(5):
+        cache.put(("s", "1", str(i)), Cached(200, {}, b"x" * 30))
+    assert cache.bytes <= 100 and len(cache._entries) == 3
+    assert cache.get(("s", "1", "0")) is None and cache.get(("s", "1", "4")) is not None
+    cache.put(("s", "1", "big"), Cached(200, {}, b"x" * 101))  # bigger than all: not kept
+    assert cache.get(("s", "1", "big")) is None
+
+
+# -- CORS ------------------------------------------------------------------------------------
+LISTED = "https://app.example"
+ASK = {"Access-Control-Request-Method": "POST",
+       "Access-Control-Request-Headers": "content-type, x-gradio-user"}  # fmt: skip
+
+
+def _client(**settings: Any) -> httpx.AsyncClient:
+    async def ok(request: Request) -> PlainTextResponse:
+        return PlainTextResponse("ok")
+
+    inner = Starlette(routes=[Route("/{path:path}", ok, methods=["GET", "POST"])])
+    app = FrontCors(inner, ServiceSettings(cors_origins=LISTED, **settings))
+    return httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://svc")
+
+
+async def test_open_front_any_origin_without_credentials() -> None:
+    async with _client() as http:
+        pre = await http.options("/gradio/alpha/gradio_api/queue/join",
+                                 headers={"Origin": "https://other.example", **ASK})  # fmt: skip
+        assert pre.status_code == 200
+        assert pre.headers["access-control-allow-origin"] == "https://other.example"
+        assert pre.headers["access-control-allow-headers"] == "content-type, x-gradio-user"
+        assert "POST" in pre.headers["access-control-allow-methods"]
+        assert "access-control-allow-credentials" not in pre.headers
+        got = await http.post("/gradio/alpha/gradio_api/queue/join",
+                              headers={"Origin": "https://other.example"})  # fmt: skip
+        assert got.headers["access-control-allow-origin"] == "https://other.example"
+        assert "access-control-allow-credentials" not in got.headers
+        assert "Origin" in got.headers["vary"]
+        listed = await http.get("/gradio/config", headers={"Origin": LISTED})
+        assert listed.headers["access-control-allow-credentials"] == "true"
+
+
+async def test_token_guarded_front_answers_listed_origins_only() -> None:
+    async with _client(api_token="secret-token") as http:
+        pre = await http.options("/gradio/alpha/config",
+                                 headers={"Origin": "https://other.example", **ASK})  # fmt: skip
+        assert pre.status_code == 403
+        assert "access-control-allow-origin" not in pre.headers
+        got = await http.get("/gradio/alpha/config", headers={"Origin": "https://other.example"})
+        assert "access-control-allow-origin" not in got.headers
+        pre = await http.options("/gradio/alpha/config", headers={"Origin": LISTED, **ASK})
+        assert pre.status_code == 200
+        assert pre.headers["access-control-allow-origin"] == LISTED
+        assert pre.headers["access-control-allow-credentials"] == "true"
+
+
+async def test_no_cors_outside_the_front() -> None:
+    async with _client() as http:
+        for path in ("/api/admin/pool-stats", "/api/predict", "/admin", "/gradiox"):
+            pre = await http.options(path, headers={"Origin": LISTED, **ASK})
+            assert "access-control-allow-origin" not in pre.headers
+            got = await http.get(path, headers={"Origin": LISTED})
+            assert "access-control-allow-origin" not in got.headers
+
+
+async def test_odd_requested_headers_are_not_echoed() -> None:
+    async with _client() as http:
+        pre = await http.options("/gradio/config", headers={
+            "Origin": "https://other.example", "Access-Control-Request-Method": "GET",
+            "Access-Control-Request-Headers": "x-ok, bad header\r"})  # fmt: skip
+        assert pre.status_code == 200
+        assert "access-control-allow-headers" not in pre.headers
+
+
+def test_pages_setting() -> None:
+    assert not ServiceSettings().pages_on
+    on = ServiceSettings(gradio_pages="true")
+    assert on.pages_on and on.pages_for(None) and on.pages_for("x")
+    some = ServiceSettings(gradio_pages="alpha, chat")
+    assert some.pages_on and some.pages_for("alpha") and not some.pages_for("beta")
+    assert not some.pages_for(None)
+    assert not ServiceSettings(gradio_pages="off").pages_on
