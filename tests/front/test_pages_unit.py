@@ -167,3 +167,39 @@ def test_pages_setting() -> None:
     assert some.pages_on and some.pages_for("alpha") and not some.pages_for("beta")
     assert not some.pages_for(None)
     assert not ServiceSettings(gradio_pages="off").pages_on
+
+
+# -- who may see a page ----------------------------------------------------------------------
+def _pages_app(**settings: Any) -> httpx.AsyncClient:
+    """The pages' refusal (off, or the API token missing) around a route that would
+    serve the page."""
+    from app._gradio._pages import _refusal
+
+    async def page(request: Request) -> PlainTextResponse:
+        refused = await _refusal(request)
+        return refused or PlainTextResponse("served")  # type: ignore[return-value]
+
+    inner = Starlette(routes=[Route("/gradio/{alias}/", page), Route("/gradio/{alias}/x.js", page)])
+    inner.state.settings = ServiceSettings(**settings)
+    return httpx.AsyncClient(transport=httpx.ASGITransport(app=inner), base_url="http://svc")
+
+
+async def test_pages_off_say_how_to_turn_them_on() -> None:
+    async with _pages_app(gradio_pages="chat") as http:
+        off = await http.get("/gradio/alpha/")
+        assert off.status_code == 404 and off.headers["content-type"].startswith("text/html")
+        assert "POOL_GRADIO_PAGES" in off.text and "alpha" in off.text
+        assert (await http.get("/gradio/alpha/x.js")).json() == {"detail": "Not Found"}
+        assert (await http.get("/gradio/chat/")).text == "served"
+
+
+async def test_a_page_behind_the_api_token_says_what_it_needs() -> None:
+    async with _pages_app(gradio_pages="true", api_token="page-token-1") as http:
+        refused = await http.get("/gradio/alpha/")
+        assert refused.status_code == 401
+        assert refused.headers["content-type"].startswith("text/html")
+        assert "open front" in refused.text and "proxy" in refused.text
+        assert "page-token-1" not in refused.text
+        assert (await http.get("/gradio/alpha/x.js")).status_code == 401
+        served = await http.get("/gradio/alpha/", headers={"Authorization": "Bearer page-token-1"})
+        assert served.text == "served"
