@@ -14,6 +14,7 @@ without it (fail under ``CI=true``, as the dashboard's).
 
 from __future__ import annotations
 
+import io
 import re
 import threading
 import time
@@ -184,10 +185,17 @@ def test_login_page_then_image_upload(service: ServiceProcess, visit: Visit, tmp
     image.write_bytes(_png())
     page.locator("input[type=file]").first.set_input_files(str(image))
     page.get_by_role("button", name="flip", exact=True).click()
-    flipped = page.locator("img[src*='gradio_api/file=']")
+    # The output (the input's preview is our upload: spacepool-upload/…).
+    flipped = page.locator("img[src*='gradio_api/file=']:not([src*='spacepool-upload'])")
     expect(flipped.first).to_be_visible()
     src = flipped.first.get_attribute("src") or ""
     assert src.startswith(f"{service.url}/gradio/locked/gradio_api/file="), src
+    shown = visit.context.request.get(src)  # with the page's cookies, as the <img> got it
+    assert shown.status == 200
+    from PIL import Image
+
+    pixels = Image.open(io.BytesIO(shown.body())).convert("RGB")
+    assert [pixels.getpixel((x, 0)) for x in range(2)] == [(0, 0, 255), (255, 0, 0)]
     visit.only_to(service.url)
 
 
