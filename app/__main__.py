@@ -33,8 +33,8 @@ from types import FrameType
 
 import uvicorn
 
-from app import _startup
 from app._http import PROTOCOL as HTTP_PROTOCOL
+from app.core import startup as _startup
 
 DEMO_SPACES = {"alpha": "echo", "chat": "chat", "pic": "image"}  # name -> stand-in kind
 

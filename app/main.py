@@ -50,34 +50,38 @@ from pool import Pool, get_pool
 from pool._tasks import cancel_and_wait
 from pool.admission import SharedValues
 
-from . import _errors, _startup, _tracing
-from ._api import router
-from ._auth import gate_of
-from ._boundary import Boundary
-from ._dashboard import router as dashboard_router
-from ._draining import Draining
-from ._filestore import FileOutput, FileStore, run_sweeper
-from ._filestore import router as files_router
-from ._gradio import FrontSessions
-from ._gradio import event_of as gradio_event_of
-from ._gradio import router as gradio_router
-from ._history import Activity, run_sampler
-from ._jobs import JobRunner, MemoryJobStore
-from ._keys import Keys
-from ._limits import BodySizeLimit
-from ._logging import AccessLog, configure_logging
-from ._metrics import on_pool_event
-from ._readiness import Readiness
-from ._reclaim import Reclaimer
-from ._schemas import PredictRequest
-from ._session_routes import router as sessions_router
-from ._settings import ServiceSettings, outbound_port_problem
-from ._shared_jobs import SharedJobStore
-from ._spaces import router as spaces_router
-from ._streams import StreamCaps
-from ._team_routes import router as team_router
-from ._tracing import TraceRequests
-from ._usage import Usage
+from .admin import Activity, Readiness, dashboard_router, run_sampler
+from .admin import teams_router as team_router
+from .api import predict_router as router
+from .api import sessions_router, spaces_router
+from .core import (
+    AccessLog,
+    BodySizeLimit,
+    Draining,
+    ServiceSettings,
+    StreamCaps,
+    TraceRequests,
+    configure_logging,
+    on_pool_event,
+    outbound_port_problem,
+)
+from .core import errors as _errors
+from .core import startup as _startup
+from .core import tracing as _tracing
+from .edge import (
+    Boundary,
+    FileOutput,
+    FileStore,
+    PredictRequest,
+    files_router,
+    gate_of,
+    run_sweeper,
+)
+from .gradio import FrontSessions
+from .gradio import event_of as gradio_event_of
+from .gradio import router as gradio_router
+from .jobs import JobRunner, MemoryJobStore, Reclaimer, SharedJobStore
+from .teams import Keys, Usage
 
 _log = logging.getLogger("spacepool.app")
 

@@ -39,7 +39,7 @@ from pool import BusyError, PoolError, get_pool
 from pool._consumer import CONSUMER_PREFIX, Consumer, anonymous_of
 from pool.admission import SharedValues
 
-from ._errors import KeyNameTaken, KeyNotFound
+from ..core import KeyNameTaken, KeyNotFound
 
 _log = logging.getLogger("spacepool.app")
 

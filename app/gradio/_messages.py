@@ -37,8 +37,8 @@ from typing import Any
 from pool import PoolError
 from pool.admission import SharedValues
 
-from .._draining import Draining
-from .._streaming import KEEPALIVE_S
+from ..api import KEEPALIVE_S
+from ..core import Draining
 
 _log = logging.getLogger("spacepool.app")
 MAX_UNREAD = 4096  # messages of one session waiting for its stream, at most

@@ -20,7 +20,7 @@ from pydantic.config import JsonDict
 
 from pool import LocalFile
 
-from ._settings import MAX_TIMEOUT_S
+from ..core import MAX_TIMEOUT_S
 
 Stage = Literal["queued", "waking", "running", "done", "failed", "cancelled"]
 FINAL_STAGES: frozenset[str] = frozenset({"done", "failed", "cancelled"})

@@ -79,17 +79,9 @@ from pool._consumer import CURRENT, Consumer, identity
 from pool.admission import SharedValues, WaitTicket
 from pool.transport import ProtocolNotSupported, SessionDropped, SpaceTransport
 
-from .._auth import GATE, Gate, pass_gate
-from .._boundary import Boundary
-from .._draining import Draining
-from .._errors import AuthError
-from ._messages import (
-    RUNNER_TTL_S,
-    Item,
-    SessionMessages,
-    completed_cancelled,
-    completed_error,
-)
+from ..core import AuthError, Draining
+from ..edge import GATE, Boundary, Gate, pass_gate
+from ._messages import RUNNER_TTL_S, Item, SessionMessages, completed_cancelled, completed_error
 from ._rewrite import rewriter
 
 _log = logging.getLogger("spacepool.app")

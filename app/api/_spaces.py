@@ -22,8 +22,7 @@ from fastapi import APIRouter, Depends, Path
 
 from pool import get_pool
 
-from ._auth import require_api_token
-from ._schemas import SPACE_PATTERN, to_jsonable
+from ..edge import SPACE_PATTERN, require_api_token, to_jsonable
 
 router = APIRouter(dependencies=[Depends(require_api_token)], tags=["spaces"])
 

@@ -54,9 +54,8 @@ from prometheus_client import Counter
 from pool import BusyError, PoolEvent, UserLimitReached
 from pool.admission import SharedValues
 
+from ..core import TEAM_REGISTRY, RequestContext
 from ._keys import KeyRecord
-from ._logging import RequestContext
-from ._metrics import TEAM_REGISTRY
 
 _log = logging.getLogger("spacepool.app")
 

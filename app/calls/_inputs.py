@@ -63,10 +63,8 @@ from pool import (
 )
 from pool.transport import safe_name
 
-from ._boundary import Boundary
-from ._errors import UploadTooLarge
-from ._schemas import MAX_DEPTH, PredictRequest, is_file_form
-from ._settings import ServiceSettings
+from ..core import ServiceSettings, UploadTooLarge
+from ..edge import MAX_DEPTH, Boundary, PredictRequest, is_file_form
 
 MAX_FILE_PARTS = 16
 MAX_FORM_FIELDS = 4

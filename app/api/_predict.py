@@ -22,38 +22,40 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from pool import Pool, UnknownSpace, get_pool
 from pool._consumer import current as current_consumer
 
-from . import _metrics
-from ._auth import is_admin, pass_gate, require_admin_token, require_api_token
-from ._boundary import Boundary
-from ._errors import IdempotencyKeyInUse, JobNotFound
-from ._filestore import FileOutput, FileStore
-from ._idempotency import (
+from ..admin import Readiness
+from ..calls import CheckedCall, identity_headers, read_call
+from ..core import IdempotencyKeyInUse, JobNotFound, bounded, context_of, settings_of
+from ..core import metrics as _metrics
+from ..edge import (
+    ERROR_RESPONSES,
+    FINAL_STAGES,
+    Boundary,
+    ErrorBody,
+    FileOutput,
+    FileStore,
+    JobCreated,
+    JobView,
+    PredictRequest,
+    PredictResponse,
+    Stage,
+    is_admin,
+    pass_gate,
+    require_admin_token,
+    require_api_token,
+    to_jsonable,
+)
+from ..jobs import (
     MAX_KEY_CHARS,
     Held,
+    JobRecord,
+    JobRunner,
     accept,
     caller_of,
     fingerprint_call,
     release,
     reserve,
 )
-from ._inputs import CheckedCall, identity_headers, read_call
-from ._jobs import JobRecord, JobRunner
-from ._logging import context_of
-from ._readiness import Readiness
-from ._schemas import (
-    ERROR_RESPONSES,
-    FINAL_STAGES,
-    ErrorBody,
-    JobCreated,
-    JobView,
-    PredictRequest,
-    PredictResponse,
-    Stage,
-    to_jsonable,
-)
-from ._settings import settings_of
 from ._streaming import KEEPALIVE_S, open_stream, wants_stream
-from ._streams import bounded
 
 _log = logging.getLogger("spacepool.app")
 

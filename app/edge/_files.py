@@ -58,8 +58,8 @@ from fastapi.responses import StreamingResponse
 from pool import LocalFile
 from pool._consumer import current as current_consumer
 
+from ..core import FileNotFound, UploadTooLarge
 from ._auth import require_api_token
-from ._errors import FileNotFound, UploadTooLarge
 
 _log = logging.getLogger("spacepool.app")
 TOKEN_SHAPE = r"[A-Za-z0-9_-]{43}"

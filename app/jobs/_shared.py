@@ -45,8 +45,8 @@ from pool.admission import SharedValues
 from pool.admission._ownership import Holder, taken_over, write_fenced
 from pool.admission._watch import Changed
 
-from ._jobs import JobRecord, MemoryJobStore
-from ._schemas import FINAL_STAGES
+from ..edge import FINAL_STAGES
+from ._runner import JobRecord, MemoryJobStore
 
 _log = logging.getLogger("spacepool.app")
 _JOB = "job:"

@@ -59,13 +59,9 @@ from pool._consumer import current as current_consumer
 from pool._holdings import Holdings
 from pool.admission import SharedValues
 
-from ._auth import pass_gate
-from ._errors import JobsFull, describe
-from ._filestore import FileOutput
-from ._inputs import CheckedCall
-from ._progress import UpstreamView
-from ._schemas import FINAL_STAGES, PredictRequest, to_jsonable
-from ._settings import MAX_TIMEOUT_S, ServiceSettings
+from ..calls import CheckedCall, UpstreamView
+from ..core import MAX_TIMEOUT_S, JobsFull, ServiceSettings, describe
+from ..edge import FINAL_STAGES, FileOutput, PredictRequest, pass_gate, to_jsonable
 
 _log = logging.getLogger("spacepool.app")
 _HISTORY = 32

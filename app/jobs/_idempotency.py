@@ -39,9 +39,9 @@ from typing import Any
 
 from pool.admission import SharedValues
 
-from ._errors import IdempotencyKeyReused
-from ._inputs import CheckedCall
-from ._schemas import PredictRequest, is_file_form
+from ..calls import CheckedCall
+from ..core import IdempotencyKeyReused
+from ..edge import PredictRequest, is_file_form
 
 PREFIX = "idem:"
 MAX_KEY_CHARS = 255

@@ -20,11 +20,9 @@ from fastapi import APIRouter, Depends, Query, Request, Response
 from pool import InvalidRequest, get_pool
 from pool._consumer import CURRENT
 
-from ._auth import require_admin_token
-from ._errors import KeyNotFound
-from ._keys import KeyChange, KeyCreate, KeyRecord, Keys
-from ._schemas import EMAIL_MAX_CHARS, ERROR_RESPONSES, is_email
-from ._usage import OPEN_KEY, TOKEN_KEY, Usage, as_csv
+from ..core import KeyNotFound
+from ..edge import EMAIL_MAX_CHARS, ERROR_RESPONSES, is_email, require_admin_token
+from ..teams import OPEN_KEY, TOKEN_KEY, KeyChange, KeyCreate, KeyRecord, Keys, Usage, as_csv
 
 router = APIRouter(
     dependencies=[Depends(require_admin_token)], tags=["admin"], responses=ERROR_RESPONSES

@@ -40,14 +40,9 @@ from starlette.types import Receive, Scope, Send
 from pool import Partial, Pool
 from pool.transport import Feed
 
-from ._auth import pass_gate
-from ._errors import describe
-from ._filestore import FileOutput
-from ._inputs import CheckedCall
-from ._logging import RequestContext, context_of
-from ._progress import UpstreamView
-from ._schemas import PredictRequest, to_jsonable
-from ._settings import ServiceSettings
+from ..calls import CheckedCall, UpstreamView
+from ..core import RequestContext, ServiceSettings, context_of, describe
+from ..edge import FileOutput, PredictRequest, pass_gate, to_jsonable
 
 _log = logging.getLogger("spacepool.app")
 # An idle SSE stream sends a keepalive this often (gradio/utils.py get_heartbeat_rate).

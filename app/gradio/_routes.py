@@ -43,15 +43,19 @@ from pool import (
 from pool._consumer import CURRENT
 from pool.transport import SpaceTransport, safe_name
 
-from .._auth import require_api_token
-from .._boundary import BadJson, parse_json, upload_id, upload_token
-from .._errors import describe
-from .._filestore import FileStore, file_response
-from .._keys import Keys
-from .._logging import context_of
-from .._schemas import EMAIL_MAX_CHARS, is_email
-from .._settings import settings_of
-from .._streams import bounded
+from ..core import bounded, context_of, describe, settings_of
+from ..edge import (
+    EMAIL_MAX_CHARS,
+    BadJson,
+    FileStore,
+    file_response,
+    is_email,
+    parse_json,
+    require_api_token,
+    upload_id,
+    upload_token,
+)
+from ..teams import Keys
 from . import _login, _rest
 from ._front_sessions import (
     EventRequest,
@@ -62,14 +66,7 @@ from ._front_sessions import (
     NotYours,
 )
 from ._rewrite import rewriter
-from ._space_view import (
-    SeveralApps,
-    file_headers,
-    front_config,
-    open_file,
-    served,
-    transport_of,
-)
+from ._space_view import SeveralApps, file_headers, front_config, open_file, served, transport_of
 
 USER_HEADER = "x-spacepool-user"
 # The heartbeat's cadence until the Space's own is known (it is measured on the Space's

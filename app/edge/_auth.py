@@ -35,11 +35,8 @@ from pydantic import SecretStr
 from pool import get_pool
 from pool._consumer import CURRENT
 
-from ._errors import AuthError
-from ._keys import KEY_PREFIX, KeyRecord, Keys
-from ._logging import context_of
-from ._settings import settings_of
-from ._usage import METER, OPEN_KEY, TOKEN_KEY, Meter, Usage
+from ..core import AuthError, context_of, settings_of
+from ..teams import KEY_PREFIX, METER, OPEN_KEY, TOKEN_KEY, KeyRecord, Keys, Meter, Usage
 
 
 def _presented(request: Request) -> str | None:

@@ -32,16 +32,15 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from pool import PoolSession, SessionNotFound, get_pool
 
-from ._auth import require_api_token
-from ._logging import context_of
-from ._schemas import (
+from ..core import ServiceSettings, context_of
+from ..edge import (
     API_NAME_PATTERN,
     EMAIL_MAX_CHARS,
     EMAIL_PATTERN,
     ERROR_RESPONSES,
     SPACE_PATTERN,
+    require_api_token,
 )
-from ._settings import ServiceSettings
 
 router = APIRouter(
     dependencies=[Depends(require_api_token)], tags=["sessions"], responses=ERROR_RESPONSES

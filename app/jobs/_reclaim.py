@@ -38,16 +38,12 @@ from pool._consumer import CURRENT
 from pool.admission import SharedValues
 from pool.admission._ownership import Heartbeat, Holder, Owners, reclaimable
 
-from ._auth import GATE, Gate
-from ._boundary import Boundary
-from ._filestore import FileOutput
-from ._inputs import checked_call
-from ._jobs import JobRecord, JobRunner
-from ._keys import KeyRecord, Keys
-from ._logging import RequestContext
-from ._schemas import PredictRequest
-from ._shared_jobs import SharedJobStore
-from ._usage import METER, Meter
+from ..calls import checked_call
+from ..core import RequestContext
+from ..edge import GATE, Boundary, FileOutput, Gate, PredictRequest
+from ..teams import METER, KeyRecord, Keys, Meter
+from ._runner import JobRecord, JobRunner
+from ._shared import SharedJobStore
 
 _log = logging.getLogger("spacepool.app")
 OWNER = "jobowner:"  # jobowner:<worker> while that worker is alive

@@ -32,8 +32,8 @@ from pool import InvalidRequest, file_arg, is_file_data
 from pool.connections._downloads import files_in
 from pool.transport import SpaceFile, is_url, safe_name
 
-from ._errors import InvalidFileReference
-from ._filestore import TOKEN_SHAPE, FileStore
+from ..core import InvalidFileReference
+from ._files import TOKEN_SHAPE, FileStore
 from ._schemas import MAX_DEPTH, json_problem
 
 UPLOAD_PREFIX = "spacepool-upload/"

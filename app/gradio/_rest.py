@@ -21,7 +21,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pool import InvalidRequest, get_pool
 from pool.transport import apply_diff
 
-from .._boundary import BadJson, parse_json
+from ..edge import BadJson, parse_json
 from ._front_sessions import EventRequest, FrontSession, FrontSessions
 from ._space_view import served
 

@@ -18,7 +18,7 @@ import httpx
 from pool import NoHealthySpaceError, Pool, UnknownSpace
 from pool.transport import AppInfo, ProtocolNotSupported, SpaceTransport, safe_name
 
-from .._filestore import inert_headers
+from ..edge import inert_headers
 from ._front_sessions import FrontUnavailable
 from ._rewrite import rewriter
 
