@@ -2,7 +2,7 @@
 
 Handlers do the happy path only: ``get_pool().predict(...)`` (admission, retries,
 failover, deadline) or ``get_pool().client(...)``. Every
-failure is an exception that :mod:`app._errors` answers, so no handler builds an error
+failure is an exception that :mod:`app.core._errors` answers, so no handler builds an error
 response itself. A handler fills in the request's log context (Space, queued time,
 hashed user) for the one access-log line.
 """
@@ -96,7 +96,7 @@ async def _read(request: Request) -> CheckedCall:
     return call
 
 
-# The body is read by app._inputs (JSON, or multipart with files): described here.
+# The body is read by app.calls._inputs (JSON, or multipart with files): described here.
 _BODY_DOC: dict[str, Any] = {
     "requestBody": {
         "required": True,
@@ -135,7 +135,7 @@ async def healthz() -> dict[str, str]:
 )
 async def readyz(request: Request) -> JSONResponse:
     """Readiness: the admission store answers and every app has a Space up or wakeable
-    (app/_readiness.py). 503 otherwise, saying what failed."""
+    (app/admin/_readiness.py). 503 otherwise, saying what failed."""
     readiness: Readiness = request.app.state.readiness
     ready, body = await readiness.check(get_pool())
     return JSONResponse(body, status_code=200 if ready else 503)
@@ -411,7 +411,7 @@ async def pool_stats(request: Request) -> dict[str, Any]:
     pool = get_pool()
     stats: dict[str, Any] = await pool.stats()
     activity = getattr(request.app.state, "activity", None)
-    if activity is not None:  # app._history: requests per minute, errors, queue history
+    if activity is not None:  # app.admin._history: requests per minute, errors, queue history
         await activity.extend(stats, pool.coordinator if stats.get("initialized") else None)
     return stats
 

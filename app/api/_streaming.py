@@ -74,7 +74,7 @@ class LatestEvents:
         self.dropped = 0  # partials the reader skipped (it fell more than ``keep`` behind)
         self.admitted: list[str] = []  # Spaces that took the call (a retry adds one)
         self.final: dict[str, Any] | BaseException | None = None
-        self.upstream: dict[str, Any] | None = None  # fields not sent yet (app/_progress.py)
+        self.upstream: dict[str, Any] | None = None  # fields not sent yet (app/calls/_progress.py)
         self._sent: dict[str, Any] = {}  # the upstream fields as the reader last got them
 
     def admit(self, space: str) -> None:

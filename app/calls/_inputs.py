@@ -2,7 +2,7 @@
 
 ``POST /api/predict`` and ``POST /api/jobs`` take either
 
-* ``application/json``: the body of :class:`~app._schemas.PredictRequest`, parsed the
+* ``application/json``: the body of :class:`~app.edge._schemas.PredictRequest`, parsed the
   way FastAPI parses a JSON body (same 422/400 answers); or
 * ``multipart/form-data``: a part ``body`` holding that JSON, plus file parts.
 
@@ -16,7 +16,7 @@ A *file argument* is an object whose only key is ``file``, anywhere in ``args`` 
   service reach into its own network).
 
 A raw Gradio ``FileData`` (``{"path": …, "meta": {"_type": "gradio.FileData"}}``) is
-checked by the trust boundary (:meth:`app._boundary.Boundary.values`, the front's rule
+checked by the trust boundary (:meth:`app.edge._boundary.Boundary.values`, the front's rule
 too): an upload id of this service, a URL where allowed, else a file on the Space,
 sent unchanged — never a file of this host.
 

@@ -302,7 +302,7 @@ def install(app: FastAPI) -> None:
             )  # fmt: skip
         body = {**problem.body, "request_id": ctx.request_id}
         if _front(request.url.path):
-            # The Gradio front's form (app/_gradio/_routes.py ``_error``): ``detail`` is
+            # The Gradio front's form (app/gradio/_routes.py ``_error``): ``detail`` is
             # what @gradio/client shows of a refused request (a quota, a key, busy).
             message = str(problem.body.get("message") or problem.body.get("error") or "error")
             detail: str | list[dict[str, Any]] = message

@@ -3,7 +3,7 @@
 A pure ASGI wrapper around ``receive`` (no buffering, no ``BaseHTTPMiddleware``):
 a body announced or streamed past the cap raises :class:`PayloadTooLarge` from the
 ``receive`` call inside the handler's body parsing, so the one error mapping in
-:mod:`app._errors` answers it (413) like any other error. A multipart body (files)
+:mod:`app.core._errors` answers it (413) like any other error. A multipart body (files)
 has its own cap: ``POOL_MAX_BODY_BYTES`` plus ``POOL_MAX_UPLOAD_BYTES``.
 """
 

@@ -62,8 +62,8 @@ class RequestContext:
     queued_ms: float | None = None
     outcome: str | None = None
     user: str | None = None
-    key: str | None = None  # the API key's name (app/_keys.py), never its secret
-    # A call counted against the key's daily quota as the request entered (app/_auth.py):
+    key: str | None = None  # the API key's name (app/teams/_keys.py), never its secret
+    # A call counted against the key's daily quota as the request entered (app/edge/_auth.py):
     # given back when the request made no call after all — refused (4xx) or answered
     # from an earlier request (an Idempotency-Key replay sets ``made_no_call``).
     unspend: Callable[[], Awaitable[None]] | None = None

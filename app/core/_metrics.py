@@ -36,7 +36,7 @@ CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 disable_created_metrics()  # type: ignore[no-untyped-call]
 REGISTRY = CollectorRegistry(auto_describe=True)
 TEAM_REGISTRY = CollectorRegistry(auto_describe=True)
-"""The per-API-key series (app/_usage.py): on ``/metrics`` for the admin token only —
+"""The per-API-key series (app/teams/_usage.py): on ``/metrics`` for the admin token only —
 a team's name and usage are not another team's to read (issue 38)."""
 
 _WAIT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300)

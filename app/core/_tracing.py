@@ -8,7 +8,7 @@
   named ``<METHOD> <route template>``, a child of the caller's W3C ``traceparent`` when
   it sends one; the pool's spans of the call nest under it, and the Space's requests
   carry it on. Attributes: method, route template, status, the API key's name
-  (app/_auth.py) — never the path with its query, a header or a body.
+  (app/edge/_auth.py) — never the path with its query, a header or a body.
 """
 
 from __future__ import annotations

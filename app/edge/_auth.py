@@ -6,10 +6,10 @@ guards ``/api/predict``, ``/api/jobs*``, the files, spaces, sessions and the Gra
 front ``/gradio/…`` when set. Comparison is constant-time (``hmac.compare_digest``)
 and tokens are never logged or echoed.
 
-**API keys** (app/_keys.py) are accepted wherever the API token is, as
+**API keys** (app/teams/_keys.py) are accepted wherever the API token is, as
 ``Authorization: Bearer <key>``. A key is a consumer of the pool: its calls carry
 it (``pool._consumer.CURRENT``: its limit, its users, its default priority) and are
-metered under it (app/_usage.py). A request that makes a call (:func:`_makes_call`)
+metered under it (app/teams/_usage.py). A request that makes a call (:func:`_makes_call`)
 is first checked against the key's daily quotas: 429 before any slot is taken. The
 API token is a key with no limits; a bearer that starts with ``sp_`` and is no live
 key (revoked, or never made) is refused even when no API token is configured.
@@ -145,7 +145,7 @@ async def _enter(request: Request, record: KeyRecord) -> None:
         usage: Usage = request.app.state.usage
         day = await usage.admit_call(record)
 
-        async def unspend() -> None:  # the request made no call after all (app/_logging.py)
+        async def unspend() -> None:  # the request made no call after all (app/core/_logging.py)
             await usage.unspend_call(record, day)
 
         context_of(request).unspend = unspend
@@ -154,7 +154,7 @@ async def _enter(request: Request, record: KeyRecord) -> None:
     CURRENT.set(record.consumer())
     METER.set(Meter(record.id, record.name, context_of(request)))
     context_of(request).key = record.name
-    trace.get_current_span().set_attribute("spacepool.key", record.name)  # app/_tracing.py
+    trace.get_current_span().set_attribute("spacepool.key", record.name)  # app/core/_tracing.py
 
 
 def is_admin(request: Request) -> bool:

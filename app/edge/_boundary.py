@@ -48,7 +48,7 @@ class BadJson(ValueError):
 
 def parse_json(raw: bytes | str) -> Any:
     """``raw`` parsed: nested at most ``MAX_DEPTH`` levels, finite numbers (the JSON
-    API's rule, :func:`app._schemas.json_problem`; else InvalidRequest)."""
+    API's rule, :func:`app.edge._schemas.json_problem`; else InvalidRequest)."""
     try:
         value = json.loads(raw)
     except (RecursionError, UnicodeDecodeError, ValueError) as exc:

@@ -3,7 +3,7 @@
 A file in a Space's result is fetched by the pool while the request's slot is held
 (``Pool.predict(download_to=...)``, bounded by ``POOL_FILE_MAX_BYTES`` and
 ``POOL_FILE_TIMEOUT_S``) into ``<POOL_FILE_DIR>/partial``; rendering the result
-(:func:`app._schemas.to_jsonable` with a :class:`FileOutput`) then either inlines it
+(:func:`app.edge._schemas.to_jsonable` with a :class:`FileOutput`) then either inlines it
 as base64 (``"files": "inline"``, up to ``POOL_FILE_INLINE_MAX_BYTES``) or publishes
 it here and puts a URL in the JSON.
 
@@ -148,7 +148,8 @@ class FileStore:
 
     async def receive(self, chunks: AsyncIterator[bytes], name: str, max_bytes: int) -> LocalFile:
         """A caller's upload written to ``partial/`` (0600), at most ``max_bytes``
-        (:class:`~app._errors.UploadTooLarge` past it, nothing left behind); publish it next."""
+        (:class:`~app.core._errors.UploadTooLarge` past it, nothing left behind); publish it
+        next."""
         target = self.partial / secrets.token_hex(16)
         size = 0
         try:

@@ -4,7 +4,7 @@ Everything a caller sends is bounded here, so that no body can reach the pool (o
 a Space) in a shape that would make the service fail with a 500: field lengths, the
 ``api_name`` shape, the number, size and nesting of ``args``/``kwargs``, finite
 numbers only, and ``0 < timeout_s <= 3600``. The whole body is also capped in bytes
-before it is parsed (:mod:`app._limits`).
+before it is parsed (:mod:`app.core._limits`).
 """
 
 from __future__ import annotations
@@ -54,7 +54,7 @@ _KWARG_NAMES_SCHEMA: JsonDict = {
 
 
 def is_file_form(value: Any) -> bool:
-    """A file argument: ``{"file": {...}}`` and nothing else (see app._inputs)."""
+    """A file argument: ``{"file": {...}}`` and nothing else (see app.calls._inputs)."""
     return isinstance(value, dict) and len(value) == 1 and isinstance(value.get("file"), dict)
 
 
@@ -240,7 +240,7 @@ def to_jsonable(value: Any, files: FileRenderer | None = None) -> Any:
 
     The one conversion every output path uses. A downloaded output file
     (:class:`pool.LocalFile`) becomes ``files(it)`` — ``{"file": {"url", …}}`` or
-    inline base64 (:class:`app._filestore.FileOutput`) — or, without ``files``, its name,
+    inline base64 (:class:`app.edge._files.FileOutput`) — or, without ``files``, its name,
     size and type only (never a path of this host). Non-finite floats become None and
     unknown objects their ``str``; never raises.
     """
@@ -273,7 +273,7 @@ def _convert(value: Any, depth: int, files: FileRenderer | None = None) -> Any:
         return None
 
 
-# The error answers of the API routes, for their OpenAPI "responses" (app._errors maps them).
+# The error answers of the API routes, for their OpenAPI "responses" (app.core._errors maps them).
 ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
     code: {"model": ErrorBody, "description": text}
     for code, text in {

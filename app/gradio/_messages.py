@@ -294,7 +294,7 @@ class SessionMessages:
     async def read(self, draining: Draining) -> AsyncIterator[Item | None]:
         """Each message as it comes, with whether the stream ends after it; None after
         :data:`KEEPALIVE_S` without one (the stream sends its keepalive). Once the process
-        drains (app/_draining.py) the read ends as soon as no event is pending: the stream
+        drains (app/core/_draining.py) the read ends as soon as no event is pending: the stream
         says ``close_stream`` and the client opens its next one on another worker (a
         client may hold an idle stream open for ever: it would hold the shutdown)."""
         quiet_since = time.monotonic()

@@ -185,7 +185,7 @@ async def upload(request: Request) -> Response:
     """``POST upload`` (multipart ``files``): kept in the service's file store (0600,
     ``POOL_MAX_UPLOAD_BYTES`` per file, counted in ``POOL_FILE_MAX_TOTAL_BYTES``,
     expiring after ``POOL_FILE_TTL_S``); answered with opaque ids, which the trust
-    boundary turns back into the file when an event names one (app._boundary)."""
+    boundary turns back into the file when an event names one (app.edge._boundary)."""
     store, limit = _store(request), settings_of(request).max_upload_bytes
     paths: list[str] = []
     async with request.form(max_files=MAX_UPLOADS, max_fields=MAX_UPLOADS) as form:
@@ -217,7 +217,7 @@ def _space_path(path: str) -> str | None:
 
 async def file(request: Request) -> Response:
     """``GET file={path}``: an upload of ours, or the Space's file (streamed); inert
-    on this origin either way (app._filestore.inert_headers)."""
+    on this origin either way (app.edge._files.inert_headers)."""
     path = str(request.path_params["path"])
     token = upload_token(path)
     if token is not None:
@@ -248,7 +248,7 @@ async def _file_body(response: Any, stack: contextlib.AsyncExitStack) -> AsyncIt
 
 # -- the queue ---------------------------------------------------------------------------
 async def _body(request: Request) -> Any:
-    """The JSON body (bounded nesting: app._boundary.parse_json); None if not JSON."""
+    """The JSON body (bounded nesting: app.edge._boundary.parse_json); None if not JSON."""
     try:
         return parse_json(await request.body())
     except BadJson:
@@ -405,7 +405,7 @@ async def _beats(
     if it never was), or every :data:`ALIVE_S` until it is: a client that changes
     session leaves this stream at its next line (gradio_client ``_stream_heartbeat``),
     and one that went away is seen at the next write. The stream ends when the process
-    starts to stop (app/_draining.py): the client's next heartbeat reaches another worker,
+    starts to stop (app/core/_draining.py): the client's next heartbeat reaches another worker,
     and this one's shutdown does not wait for a stream that never ends."""
     draining = front.draining
     session.heartbeats += 1

@@ -22,7 +22,7 @@ so that workers agree. Each change of an entry is one compare-and-set::
 
 Every entry holds the request's *fingerprint*: a hash of the validated body as canonical
 JSON (defaults filled in, keys sorted) and of the bytes of its uploaded file parts. The
-same key with another fingerprint is :class:`~app._errors.IdempotencyKeyReused` (422),
+same key with another fingerprint is :class:`~app.core._errors.IdempotencyKeyReused` (422),
 whatever the entry's state. (A file given by URL counts by its URL: the bytes behind it
 may change between a request and its retry.)
 """
@@ -89,7 +89,7 @@ def fingerprint(body: PredictRequest, file_digests: Sequence[str] = ()) -> str:
 
 
 async def fingerprint_call(call: CheckedCall) -> str:
-    """:func:`fingerprint` of a request read by :mod:`app._inputs` (its files on disk)."""
+    """:func:`fingerprint` of a request read by :mod:`app.calls._inputs` (its files on disk)."""
     body = call.body
     paths = _uploads(body.args, call.args) + _uploads(body.kwargs, call.kwargs)
     digests = await asyncio.to_thread(lambda: [_sha256(path) for path in paths]) if paths else []
@@ -136,7 +136,7 @@ async def reserve(
     values: SharedValues, caller: str, key: str, job_id: str, fingerprint: str
 ) -> Held:
     """Hold ``(caller, key)`` for a new job ``job_id`` when the key is free; else the
-    entry that holds it. :class:`~app._errors.IdempotencyKeyReused` when that entry is
+    entry that holds it. :class:`~app.core._errors.IdempotencyKeyReused` when that entry is
     for another request (another fingerprint)."""
     name = _name(caller, key)
     ours = Held(name, job_id, fingerprint, mine=True, accepted=False)

@@ -23,7 +23,7 @@ an owner that wakes up from a freeze finds its next write refused. The winner th
 
 A job whose input files were uploaded to the lost worker cannot run again: it fails.
 A job made with an API key runs again as that key's (its limit, its users, its usage:
-app/_keys.py); one whose key was revoked meanwhile fails (``key_revoked``).
+app/teams/_keys.py); one whose key was revoked meanwhile fails (``key_revoked``).
 """
 
 from __future__ import annotations
@@ -69,7 +69,7 @@ class Reclaimer:
     ) -> None:
         self._boundary = boundary
         self._keys = keys
-        self._gate_of = gate_of  # a key's gate (app/_auth.py): revoked, out of quota
+        self._gate_of = gate_of  # a key's gate (app/edge/_auth.py): revoked, out of quota
         self.runner = runner
         self.store = store
         self.ttl_s = ttl_s

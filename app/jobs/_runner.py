@@ -28,7 +28,7 @@ its wake deadline; ``space`` names it). A final stage is sticky: later updates a
 ignored, which settles a cancel racing a finish.
 
 With the in-process store a job is visible only in the worker that created it; with
-a shared one (:mod:`app._shared_jobs`) every worker reads and cancels it, and a job's
+a shared one (:mod:`app.jobs._shared`) every worker reads and cancels it, and a job's
 changes reach another worker's watchers as they happen (signalled, not polled).
 
 **Per user.** One email (every anonymous caller together counting as one) has at most
@@ -93,12 +93,12 @@ class JobRecord:
     duration_ms: float | None = None
     partial: Any = None  # the latest partial output (JSON already), while streaming
     partial_index: int | None = None
-    upstream_rank: int | None = None  # app/_progress.py: what the Space says
+    upstream_rank: int | None = None  # app/calls/_progress.py: what the Space says
     upstream_eta_s: float | None = None
     upstream_queue_size: int | None = None
     progress: list[dict[str, Any]] | None = None
     log: dict[str, Any] | None = None
-    requeued: int | None = None  # times another worker took the job over (app/_reclaim.py)
+    requeued: int | None = None  # times another worker took the job over (app/jobs/_reclaim.py)
     owner: str | None = None  # the worker running it (shared stores); never shown
     team: str | None = None  # the API key id it was made with (None: none); never shown
     fence: int = 0  # its fencing token: raised by each takeover (pool/admission/_ownership)
@@ -140,10 +140,10 @@ _FIELDS = frozenset(f.name for f in fields(JobRecord))
 
 class JobStore(Protocol):
     """Where jobs live: :class:`MemoryJobStore` (one process), or
-    :class:`~app._shared_jobs.SharedJobStore` (every worker reads and cancels)."""
+    :class:`~app.jobs._shared.SharedJobStore` (every worker reads and cancels)."""
 
     async def add(self, record: JobRecord) -> None:
-        """Keep a new job; :class:`~app._errors.JobsFull` when no room can be made."""
+        """Keep a new job; :class:`~app.core._errors.JobsFull` when no room can be made."""
         ...
 
     async def get(self, job_id: str) -> JobRecord | None: ...
@@ -456,7 +456,7 @@ class JobRunner:
         elif await self.store.request_cancel(job_id):
             # Its owner answers at once (it watches the request); one that does not
             # (dead, frozen) is overruled: the job is settled here and the owner, if it
-            # wakes, finds it taken (app/_shared_jobs.py) and stops.
+            # wakes, finds it taken (app/jobs/_shared.py) and stops.
             record = await self._until_final(job_id, _REMOTE_CANCEL_S)
             if record is None or record.final:
                 return record

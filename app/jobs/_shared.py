@@ -2,10 +2,10 @@
 
 Several uvicorn workers (or hosts) share one coordinator; a client's GET, SSE or DELETE
 may land on a worker other than the one running the job. The running worker keeps the
-authoritative record in its :class:`~app._jobs.MemoryJobStore` (events, history) and
+authoritative record in its :class:`~app.jobs._runner.MemoryJobStore` (events, history) and
 writes each new version to the coordinator's shared values under ``job:<id>``, with
 the retention as TTL, and indexes the job under ``jobrun:<id>`` (owner, deadline, and
-the body when it could run again) for :mod:`app._reclaim`.
+the body when it could run again) for :mod:`app.jobs._reclaim`.
 
 **Owned records** (:mod:`pool.admission._ownership`, the mechanism admission's leases
 follow too). Each mirror names its owner and fencing token (``JobRecord.owner``,
@@ -65,7 +65,7 @@ def _holder(record: JobRecord) -> Holder:
 
 
 class SharedJobStore:
-    """A :class:`~app._jobs.JobStore` whose jobs every worker can read and cancel."""
+    """A :class:`~app.jobs._runner.JobStore` whose jobs every worker can read and cancel."""
 
     def __init__(
         self,
@@ -243,7 +243,7 @@ class SharedJobStore:
         except Exception:
             return False  # unreadable, or the store is away: it stays ours
 
-    # -- the index of running jobs (app/_reclaim.py) ----------------------------------------
+    # -- the index of running jobs (app/jobs/_reclaim.py) ----------------------------------------
     async def track(
         self, job_id: str, deadline: float, body: dict[str, Any] | None, key: str | None = None
     ) -> None:

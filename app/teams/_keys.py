@@ -2,7 +2,7 @@
 
 A key has a name, a concurrency limit (admitted all-or-nothing with the Space and
 global slots: the coordinator's ``consumer:key:<id>`` resource, pool/_consumer.py), an
-optional default priority class and optional daily quotas (app/_usage.py). The admin
+optional default priority class and optional daily quotas (app/teams/_usage.py). The admin
 manages keys over ``/api/admin/keys``; the secret is shown once, at creation.
 
 **Stored hashed, in the coordinator.** Each key is one shared value

@@ -1,6 +1,6 @@
 """Usage per API key and per user, and the keys' daily quotas (issue 32).
 
-**Metered from the pool's own events.** The boundary (app/_auth.py) gives each call
+**Metered from the pool's own events.** The boundary (app/edge/_auth.py) gives each call
 request a :class:`Meter` in a context variable; asyncio copies it into every task the
 call starts (a job's runner, a Gradio front event), so the pool's hooks, which run in
 the call's own task, find it: ``admitted`` (seconds waited), ``finished`` (seconds a
@@ -22,7 +22,7 @@ usage (not a call).
 ``daily_space_seconds`` counts running calls as they run (issue 38): each worker adds
 the seconds its running calls of the key have held a Space so far to that day's value
 (``running``: per worker, renewed every flush, ignored once :data:`RUNNING_STALE_S`
-old), and a call is refused — at entry, and again once admitted (app/_auth.py
+old), and a call is refused — at entry, and again once admitted (app/edge/_auth.py
 ``GATE``) — when used + running reaches the quota. So the overrun is at most what the
 key's calls already running (admitted before the quota was reached) go on to use.
 
