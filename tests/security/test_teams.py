@@ -271,3 +271,21 @@ async def test_f12_key_names_are_unique(
         assert renamed.status_code == 409
         same = await admin.patch(f"/api/admin/keys/{a['id']}", json={"name": a["name"]})
         assert same.status_code == 200, same.text
+
+
+async def test_f12_a_name_is_taken_once_by_admins_at_once(service: ServiceProcess) -> None:
+    """Eight creates of one new name at once (two admins, or one admin's retries): one
+    201, seven 409 (before: the check read each worker's copy, and several were made);
+    the name is free again once its key is revoked."""
+    name = f"race-{time.monotonic_ns()}"
+    async with service.client(**admin_headers()) as admin:
+        made = await asyncio.gather(*(
+            admin.post("/api/admin/keys", json={"name": name, "max_concurrent": 1})
+            for _ in range(8)
+        ))  # fmt: skip
+        codes = sorted(r.status_code for r in made)
+        assert codes == [201] + [409] * 7, [r.text for r in made]
+        key_id = next(r.json()["id"] for r in made if r.status_code == 201)
+        assert (await admin.delete(f"/api/admin/keys/{key_id}")).status_code in (200, 204)
+        again = await admin.post("/api/admin/keys", json={"name": name, "max_concurrent": 1})
+        assert again.status_code == 201, again.text
