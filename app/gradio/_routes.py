@@ -195,6 +195,8 @@ async def upload(request: Request) -> Response:
             name = safe_name(item.filename)
             local = await store.receive(_chunks(item), name, limit)
             token, _ = await asyncio.to_thread(store.keep, local)
+            if (usage := getattr(request.app.state, "usage", None)) is not None:
+                usage.on_upload(local.size)  # in the key's usage (issue 38)
             paths.append(upload_id(token, name))
     return JSONResponse(paths)
 

@@ -11,6 +11,11 @@ hash cannot be reversed by guessing) that lives until it is deleted. A revoked k
 ``apikey:<id>`` is deleted (every reader refuses it) and its record, marked
 ``revoked_at``, kept as ``revokedkey:<id>``: listed as revoked, found by no lookup.
 
+**Names are unique among live keys, across admins and workers**: a key claims its
+name with an atomic update of ``apikeyname:<name>`` before its record is written (two
+admins creating one name at once: one gets 409), gives it up when revoked or renamed,
+and a claim whose key never came to exist is taken over after ``_CLAIM_STALE_S``.
+
 **Every worker, within a second.** Each process keeps every key in memory (a lookup
 costs no store round trip) and reloads them all when ``apikeys:rev`` is written: the
 admin's worker writes it after each change, and the coordinator's change signal
@@ -49,6 +54,8 @@ NAME_PATTERN = r"^[A-Za-z0-9][\w.@-]{0,63}$"  # no CSV formula, no markup
 _NS = "apikey:"
 _REVOKED = "revokedkey:"  # a revoked key's record, kept apart: readers of apikey: never see it
 _REV = "apikeys:rev"
+_NAME = "apikeyname:"  # a live key's claim on its name: "<key id> <claimed at>", "" once given up
+_CLAIM_STALE_S = 60.0  # a claim whose key never came to exist (its admin's worker died)
 _FOREVER_S = 100 * 365 * 86400.0  # shared values expire; a key lives until deleted
 _RELOAD_S = 10.0
 _MISS_RELOAD_S = 0.25
@@ -215,17 +222,44 @@ class Keys:
     def _name_free(self, name: str, key_id: str | None = None) -> None:
         """KeyNameTaken (409) when another live key is called ``name``: a key's name is
         what its usage and metrics show, so one team cannot pose as another there."""
-        if any(r.name == name and r.id != key_id for r in self._by_id.values()):
+        if any(r.name == name and r.id != key_id and r.revoked_at is None
+               for r in self._by_id.values()):  # fmt: skip
             raise KeyNameTaken(f"another API key is called {name[:64]!r}")
+
+    async def _claim(self, name: str, key_id: str) -> None:
+        """Claim ``name`` for ``key_id`` in the shared store, atomically (the check above
+        reads this worker's copy, which another admin's create may not have reached)."""
+        self._name_free(name, key_id)
+        live = {r.id for r in self._by_id.values() if r.revoked_at is None}
+        now = time.time()
+
+        def claim(current: str | None) -> str | None:
+            holder, _, at = (current or "").partition(" ")
+            if holder and holder != key_id and (
+                holder in live or now - float(at or 0) < _CLAIM_STALE_S
+            ):
+                return None  # held: left as it is
+            return f"{key_id} {now}"
+
+        stored = await self._values().update(_NAME + name, claim, _FOREVER_S)
+        if (stored or "").partition(" ")[0] != key_id:
+            raise KeyNameTaken(f"another API key is called {name[:64]!r}")
+
+    async def _give_up(self, name: str, key_id: str) -> None:
+        """Free ``name`` if ``key_id`` holds it (an update, so another key's claim stays)."""
+        await self._values().update(
+            _NAME + name, lambda cur: "" if (cur or "").partition(" ")[0] == key_id else None,
+            _FOREVER_S,
+        )  # fmt: skip
 
     async def create(self, body: KeyCreate) -> tuple[KeyRecord, str]:
         await self.reload()
-        self._name_free(body.name)
         secret = KEY_PREFIX + secrets.token_urlsafe(32)
         record = KeyRecord(
             id=secrets.token_hex(8), hash=key_hash(secret), created_at=time.time(),
             **body.model_dump(),
         )  # fmt: skip
+        await self._claim(record.name, record.id)
         await self._write(record)
         return record, secret
 
@@ -239,8 +273,10 @@ class Keys:
             if update.get(required, 0) is None:
                 del update[required]
         changed = record.model_copy(update=update)
-        self._name_free(changed.name, key_id)
+        await self._claim(changed.name, key_id)
         await self._write(KeyRecord.model_validate(changed.model_dump()))
+        if changed.name != record.name:
+            await self._give_up(record.name, key_id)
         return changed
 
     async def revoke(self, key_id: str) -> None:
@@ -253,6 +289,7 @@ class Keys:
         revoked = record.model_copy(update={"revoked_at": iso_utc(time.time())})
         await self._values().put(_REVOKED + key_id, revoked.model_dump_json(), _FOREVER_S)
         await self._values().delete(_NS + key_id)  # refused by every reader, old ones too
+        await self._give_up(record.name, key_id)
         await self._signal()
 
     async def _write(self, record: KeyRecord) -> None:

@@ -82,6 +82,10 @@ KEY_SPACE_S = Counter(
     "spacepool_key_space_seconds", "Seconds of Space time held per API key", ["key"],
     registry=TEAM_REGISTRY,
 )  # fmt: skip
+KEY_UPLOAD_BYTES = Counter(
+    "spacepool_key_upload_bytes", "Bytes of files uploaded to the front per API key", ["key"],
+    registry=TEAM_REGISTRY,
+)  # fmt: skip
 KEY_WAIT_S = Counter(
     "spacepool_key_admission_wait_seconds", "Seconds waited for admission per API key",
     ["key"], registry=TEAM_REGISTRY,
@@ -118,12 +122,16 @@ class Figures:
     errors: dict[str, int] = field(default_factory=dict)
     space_s: float = 0.0
     wait_s: float = 0.0
+    uploads: int = 0  # files uploaded to the front (kept in the service's file store)
+    upload_bytes: int = 0
 
     def add(self, other: Figures | dict[str, Any]) -> None:
         o = other if isinstance(other, Figures) else Figures.of(other)
         self.calls += o.calls
         self.space_s += o.space_s
         self.wait_s += o.wait_s
+        self.uploads += o.uploads
+        self.upload_bytes += o.upload_bytes
         for kind, n in o.errors.items():
             self.errors[kind] = self.errors.get(kind, 0) + n
 
@@ -132,11 +140,13 @@ class Figures:
         return Figures(
             int(raw.get("calls", 0)), {str(k): int(v) for k, v in raw.get("errors", {}).items()},
             float(raw.get("space_s", 0.0)), float(raw.get("wait_s", 0.0)),
+            int(raw.get("uploads", 0)), int(raw.get("upload_bytes", 0)),
         )  # fmt: skip
 
     def json(self) -> dict[str, Any]:
         return {"calls": self.calls, "errors": dict(sorted(self.errors.items())),
-                "space_s": round(self.space_s, 3), "wait_s": round(self.wait_s, 3)}  # fmt: skip
+                "space_s": round(self.space_s, 3), "wait_s": round(self.wait_s, 3),
+                "uploads": self.uploads, "upload_bytes": self.upload_bytes}  # fmt: skip
 
 
 @dataclass
@@ -220,6 +230,21 @@ class Usage:
             KEY_ERRORS.labels(label, error).inc()
         bucket.total.add(step)
         mine.add(step)
+
+    def on_upload(self, size: int) -> None:
+        """A file of ``size`` bytes uploaded to the front by the current request's
+        caller: counted in its key's and user's usage (not a call)."""
+        meter = METER.get()
+        if meter is None:
+            return
+        now = self._clock()
+        bucket = self._pending.setdefault(
+            (meter.key_id, int(now // HOUR_S)), _Bucket(meter.key_name)
+        )
+        step = Figures(uploads=1, upload_bytes=size)
+        bucket.total.add(step)
+        bucket.users.setdefault(meter.ctx.user or "anonymous", Figures()).add(step)
+        KEY_UPLOAD_BYTES.labels(key_label(meter.key_name)).inc(size)
 
     # -- writing ----------------------------------------------------------------------
     def start(self) -> None:
@@ -452,9 +477,11 @@ def _iso(epoch: float) -> str:
 def as_csv(hours: list[dict[str, Any]]) -> str:
     out = io.StringIO()
     writer = csv.writer(out)
-    writer.writerow(["hour", "key_id", "key", "calls", "errors", "space_s", "wait_s"])
+    writer.writerow(["hour", "key_id", "key", "calls", "errors", "space_s", "wait_s",
+                     "uploads", "upload_bytes"])  # fmt: skip
     for row in hours:
         errors = ";".join(f"{k}={v}" for k, v in row["errors"].items())
         writer.writerow([row["hour"], row["key_id"], row["key"], row["calls"], errors,
-                         row["space_s"], row["wait_s"]])  # fmt: skip
+                         row["space_s"], row["wait_s"], row["uploads"],
+                         row["upload_bytes"]])  # fmt: skip
     return out.getvalue()
