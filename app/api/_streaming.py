@@ -41,7 +41,7 @@ from pool import Partial, Pool
 from pool.transport import Feed
 
 from ..calls import CheckedCall, UpstreamView
-from ..core import RequestContext, ServiceSettings, context_of, describe
+from ..core import RequestContext, ServiceSettings, context_of, describe, hold_stream
 from ..edge import FileOutput, PredictRequest, pass_gate, to_jsonable
 
 _log = logging.getLogger("spacepool.app")
@@ -123,8 +123,11 @@ async def open_stream(
 ) -> StreamingResponse:
     """Start the predict; answer with its SSE stream once admitted (or raise its error).
 
-    The stream owns ``call``: its uploaded files are deleted when the predict ends."""
+    The stream owns ``call``: its uploaded files are deleted when the predict ends. It
+    is one of the caller's open streams from now on (app/core/_streams.py: 429 past
+    ``POOL_MAX_STREAMS_PER_CALLER``), queued or running."""
     body = call.body
+    held = hold_stream(request, body.email)
     ctx = context_of(request)
     events = LatestEvents(pool.settings.stream_keep)
 
@@ -177,10 +180,12 @@ async def open_stream(
             await events.changed()
     except BaseException:  # the caller went away while queued
         task.cancel()
+        held.release()
         raise
     if isinstance(events.final, BaseException) and not events.admitted:
+        held.release()
         raise events.final  # never admitted: the plain HTTP error
-    return _EventStream(_read(events, task, ctx, files), task)
+    return _EventStream(held.over(_read(events, task, ctx, files)), task)
 
 
 class _EventStream(StreamingResponse):

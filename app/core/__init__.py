@@ -26,7 +26,7 @@ from ._limits import BodySizeLimit
 from ._logging import AccessLog, RequestContext, configure_logging, context_of
 from ._metrics import TEAM_REGISTRY, on_pool_event
 from ._settings import MAX_TIMEOUT_S, ServiceSettings, outbound_port_problem, settings_of
-from ._streams import StreamCaps, bounded
+from ._streams import StreamCaps, bounded, hold_stream
 from ._tracing import TraceRequests
 
 __all__ = [
@@ -54,6 +54,7 @@ __all__ = [
     "context_of",
     "describe",
     "errors",
+    "hold_stream",
     "metrics",
     "on_pool_event",
     "outbound_port_problem",

@@ -21,6 +21,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pool import InvalidRequest, get_pool
 from pool.transport import apply_diff
 
+from ..core import bounded
 from ..edge import BadJson, parse_json
 from ._front_sessions import EventRequest, FrontSession, FrontSessions
 from ._space_view import served
@@ -66,7 +67,8 @@ async def call_get(request: Request, front: FrontSessions, email: str | None) ->
     if found is None:
         return JSONResponse({"detail": "Not Found"}, status_code=404)
     session, own = found
-    stream = _rest_stream(front, session, str(request.path_params["event_id"]), own)
+    stream = bounded(request, email,  # one of the caller's open streams (429 past the cap)
+                     _rest_stream(front, session, str(request.path_params["event_id"]), own))
     return StreamingResponse(stream, media_type="text/event-stream",
                              headers={"Cache-Control": "no-cache"})  # fmt: skip
 

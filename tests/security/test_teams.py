@@ -191,7 +191,8 @@ async def test_f5_a_key_under_its_share_of_the_front_is_never_refused(
 
 async def test_f12_open_streams_per_caller_are_capped(start_service: ServiceFactory) -> None:
     """POOL_MAX_STREAMS_PER_CALLER=2: A's third open job-event stream is 429
-    too_many_streams, B's is served; one of A's closed, A opens one again (before: no cap)."""
+    too_many_streams, and so are A's streamed predict and front REST result; B's are
+    served; one of A's closed, A opens one again (before: no cap)."""
     capped = start_service(POOL_MAX_STREAMS_PER_CALLER="2")
     made = []
     async with capped.client(**admin_headers()) as admin:
@@ -212,10 +213,23 @@ async def test_f12_open_streams_per_caller_are_capped(start_service: ServiceFact
                 third = await client.get(f"{url}/events", headers=bearer(a))
                 assert third.status_code == 429, third.text
                 assert third.json()["error"] == "too_many_streams"
+                # Every SSE answer counts: a streamed predict and a front REST result too.
+                streamed = await client.post("/api/predict", headers=bearer(a), json={
+                    "api_name": "/echo", "args": ["s", 0], "stream": True})  # fmt: skip
+                assert streamed.status_code == 429, streamed.text
+                call = await client.post("/gradio/alpha/gradio_api/call/echo",
+                                         headers=bearer(a), json={"data": ["r", 0]})
+                assert call.status_code == 200, call.text
+                result = await client.get(f"/gradio/alpha/gradio_api/call/echo/"
+                                          f"{call.json()['event_id']}", headers=bearer(a))
+                assert result.status_code == 429, result.text
                 quick = {"api_name": "/echo", "args": ["b", 0]}
                 theirs = await client.post("/api/jobs", headers=bearer(b), json=quick)
                 events = await client.get(f"{theirs.json()['url']}/events", headers=bearer(b))
                 assert events.status_code == 200  # B's streams are B's own count
+                mine = await client.post("/api/predict", headers=bearer(b), json={
+                    "api_name": "/echo", "args": ["s", 0], "stream": True})  # fmt: skip
+                assert mine.status_code == 200 and "done" in mine.text, mine.text
         again = await client.get(url, headers=bearer(a))  # the cap does not touch reads
         assert again.status_code == 200
         deadline = time.monotonic() + 10  # given back once the server sees them closed
