@@ -63,9 +63,9 @@ class ServiceSettings(BaseSettings):
         " it, not from the request's Host header",
     )
     max_streams_per_caller: int = Field(
-        default=64, ge=1, description="SSE streams (job events, the front's data streams"
-        " and heartbeats) one caller (key and user) holds open at once"
-        " in one process; over it: 429 too_many_streams"
+        default=64, ge=1, description="SSE streams (job events, the front's data streams,"
+        " heartbeats and REST results, streamed predicts) one caller (key and user)"
+        " holds open at once in one process; over it: 429 too_many_streams"
     )
     max_body_bytes: int = Field(default=1_048_576, ge=1024, description="largest request body")
     max_upload_bytes: int = Field(
