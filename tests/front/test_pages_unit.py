@@ -1,6 +1,6 @@
 """The front's pages and CORS without a browser or a Space (issue 42): the page's
-rewrite (:func:`app._gradio._pages.render`), the static cache's bounds, and the CORS
-rules (:class:`app._gradio._cors.FrontCors`) around a plain ASGI app. The pages in a
+rewrite (:func:`app.gradio._pages.render`), the static cache's bounds, and the CORS
+rules (:class:`app.gradio._cors.FrontCors`) around a plain ASGI app. The pages in a
 real browser: tests/browser/test_pages.py."""
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ from starlette.requests import Request
 from starlette.responses import PlainTextResponse
 from starlette.routing import Route
 
-from app._gradio._cors import FrontCors
-from app._gradio._pages import Cached, StaticCache, render
-from app._settings import ServiceSettings
+from app.core import ServiceSettings
+from app.gradio._cors import FrontCors
+from app.gradio._pages import Cached, StaticCache, render
 from pool.transport import AppInfo
 
 SPACE = "http://10.1.2.3:7861"
@@ -173,7 +173,7 @@ def test_pages_setting() -> None:
 def _pages_app(**settings: Any) -> httpx.AsyncClient:
     """The pages' refusal (off, or the API token missing) around a route that would
     serve the page."""
-    from app._gradio._pages import _refusal
+    from app.gradio._pages import _refusal
 
     async def page(request: Request) -> PlainTextResponse:
         refused = await _refusal(request)
