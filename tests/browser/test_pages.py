@@ -264,7 +264,12 @@ def test_the_page_behind_a_round_robin_proxy(
             for word in ["one", "two"]:
                 page.get_by_label("text", exact=True).fill(word)
                 page.get_by_role("button", name="echo", exact=True).click()
-                expect(page.get_by_label("output", exact=True)).to_have_value(f"alpha:{word}")
+                try:  # two more services on a loaded machine: a longer wait
+                    expect(page.get_by_label("output", exact=True)).to_have_value(
+                        f"alpha:{word}", timeout=2 * TIMEOUT_MS)
+                except AssertionError as exc:  # what each worker saw, for the report
+                    logs = "\n".join(w.log_text()[-2000:] for w in workers)
+                    raise AssertionError(f"{exc}\nsent: {proxy.sent}\n{logs}") from None
             assert proxy.served("join") == {0, 1}  # the page's two events, one on each
             assert proxy.served("data") == {0, 1}
             visit.only_to(proxy.url)
