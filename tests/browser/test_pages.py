@@ -234,12 +234,14 @@ def test_an_event_queued_by_the_pool_shows_its_place(
 def test_a_page_on_another_origin_uses_gradio_client(service: ServiceProcess,
                                                      visit: Visit) -> None:  # fmt: skip
     """A page served from another origin (localhost, another port) imports
-    @gradio/client and predicts through the front (CORS, no credentials)."""
+    @gradio/client, predicts and streams a chat reply through the front (CORS, no
+    credentials)."""
     if not CLIENT_JS.is_file():
         pytest.skip("@gradio/client is not installed (cd tests/front/js && npm ci)")
     with _OtherOrigin(service.url) as other:
         page = visit.page(other.url + "/index.html")
-        _expect()(page.locator("#out")).to_have_text("alpha:from afar", timeout=TIMEOUT_MS)
+        _expect()(page.locator("#out")).to_have_text(
+            "alpha:from afar / heard 'hi'; earlier: (nothing)", timeout=TIMEOUT_MS)
         visit.only_to(service.url, other.url)
 
 
@@ -360,9 +362,16 @@ _PAGE = """<!doctype html><meta charset=utf-8><title>elsewhere</title><p id=out>
 import { Client } from "./client.js";
 const out = document.getElementById("out");
 try {
-  const app = await Client.connect("%s/gradio/alpha/");
+  const app = await Client.connect("%(front)s/gradio/alpha/");
   const result = await app.predict("/echo", ["from afar", 0]);
-  out.textContent = result.data[0];
+  const chat = await Client.connect("%(front)s/gradio/chat/");
+  let reply = "";
+  for await (const msg of chat.submit("/chat", ["hi"])) {  // streamed, message by message
+    if (msg.type === "data") reply = msg.data[0];
+    if (msg.type === "status" && msg.stage === "complete") break;
+    if (msg.type === "status" && msg.stage === "error") throw new Error(msg.message);
+  }
+  out.textContent = result.data[0] + " / " + reply;
 } catch (e) { out.textContent = "failed: " + (e && e.message || e); }
 </script>"""
 
@@ -372,7 +381,8 @@ class _OtherOrigin:
     127.0.0.1): ``index.html`` and @gradio/client's browser build as ``client.js``."""
 
     def __init__(self, front: str) -> None:
-        self.files = {"/index.html": (_PAGE % front).encode(), "/client.js": CLIENT_JS.read_bytes()}
+        page = (_PAGE % {"front": front}).encode()
+        self.files = {"/index.html": page, "/client.js": CLIENT_JS.read_bytes()}
         self.port = free_port()
         self.url = f"http://localhost:{self.port}"
         files = self.files
