@@ -8,8 +8,9 @@ but ``beta`` (``POOL_GRADIO_PAGES`` as a list). Every page test records each req
 the browser makes and checks that none goes anywhere but the front (never a Space's
 own address). One browser for the module, a fresh context (cookies, storage) per test.
 
-These tests are the browser stage's (tests/browser/): they need Chromium, and skip
-without it (fail under ``CI=true``, as the dashboard's).
+These tests are the browser stage's (tests/browser/; every test here uses the
+``browser`` fixture, which scripts/test's second stage selects): they need Chromium,
+and skip without it (fail under ``CI=true``, as the dashboard's).
 """
 
 from __future__ import annotations
@@ -303,6 +304,7 @@ def test_the_dashboard_keeps_the_token_in_memory_while_pages_are_on(
 
 
 # -- without a browser ----------------------------------------------------------------------
+@pytest.mark.usefixtures("browser")  # with the module's service: in the browser stage
 def test_pages_off_answer_a_short_page(service: ServiceProcess) -> None:
     """beta is not in POOL_GRADIO_PAGES: an HTML page saying how, not a JSON 404; its
     files are not served; its API still is."""
@@ -315,6 +317,7 @@ def test_pages_off_answer_a_short_page(service: ServiceProcess) -> None:
     assert httpx.get(f"{service.url}/gradio/beta", follow_redirects=True).status_code == 404
 
 
+@pytest.mark.usefixtures("browser")
 def test_cors_of_the_running_service(service: ServiceProcess) -> None:
     """Preflight from any origin on the open front (no credentials); a listed origin
     with credentials; admin routes answer no CORS at all."""
