@@ -121,6 +121,19 @@ def _front_root(request: Request) -> str:
     return f"{base}/gradio/{scope}" if scope is not None else f"{base}/gradio"
 
 
+def _link_root(request: Request) -> str:
+    """The scope's address in the links the service answers with (login and logout
+    redirects): ``POOL_PUBLIC_URL``'s when set, else a path (``/gradio/…`` under the
+    root path), which the caller resolves against the address it used: never built
+    from its ``Host`` header (issue 38). A config's ``root`` must be absolute for the
+    clients (:func:`_front_root`; docs/gradio-front.md, "The config's root")."""
+    if settings_of(request).public_url:
+        return _front_root(request)
+    scope = _scope(request)
+    base = str(request.scope.get("root_path", "")).rstrip("/")
+    return f"{base}/gradio/{scope}" if scope is not None else f"{base}/gradio"
+
+
 def _email(request: Request) -> str | None:
     """The ``X-Spacepool-User`` header, checked as the JSON API checks ``email``; without
     one, a page's visitor while pages are served (:mod:`._visitors`)."""
@@ -442,11 +455,11 @@ async def call_get(request: Request) -> Response:
 
 
 async def login(request: Request) -> Response:
-    return await _login.login(request, _scope(request), _front_root(request))
+    return await _login.login(request, _scope(request), _link_root(request))
 
 
 async def logout(request: Request) -> Response:
-    return _login.logout(_scope(request), _front_root(request))
+    return _login.logout(_scope(request), _link_root(request))
 
 
 def _answering(endpoint: Endpoint, *, checked: bool = True) -> Endpoint:

@@ -318,9 +318,10 @@ def test_pages_off_answer_a_short_page(service: ServiceProcess) -> None:
 
 
 @pytest.mark.usefixtures("browser")
-def test_cors_of_the_running_service(service: ServiceProcess) -> None:
+def test_cors_and_urls_of_the_running_service(service: ServiceProcess) -> None:
     """Preflight from any origin on the open front (no credentials); a listed origin
-    with credentials; admin routes answer no CORS at all."""
+    with credentials; admin routes answer no CORS at all. The config's root is
+    absolute, a login redirect a path."""
     ask = {"Access-Control-Request-Method": "POST",
            "Access-Control-Request-Headers": "content-type,x-gradio-user"}  # fmt: skip
     join = f"{service.url}/gradio/alpha/gradio_api/queue/join"
@@ -333,7 +334,11 @@ def test_cors_of_the_running_service(service: ServiceProcess) -> None:
     assert listed.headers["access-control-allow-credentials"] == "true"
     config = httpx.get(f"{service.url}/gradio/alpha/config", headers={"Origin": LISTED})
     assert config.headers["access-control-allow-origin"] == LISTED
-    assert config.json()["root"] == f"{service.url}/gradio/alpha"
+    assert config.json()["root"] == f"{service.url}/gradio/alpha"  # absolute: the clients'
+    # A redirect is a path (POOL_PUBLIC_URL unset), whatever Host the caller names.
+    login = httpx.post(f"{service.url}/gradio/alpha/login", headers={"Host": "evil.example"},
+                       data={"username": "u", "password": "p"})  # fmt: skip
+    assert login.status_code == 302 and login.headers["location"] == "/gradio/alpha"
     for path in ("/api/admin/pool-stats", "/api/predict"):
         admin = httpx.options(service.url + path, headers={"Origin": LISTED, **ask})
         assert "access-control-allow-origin" not in admin.headers
