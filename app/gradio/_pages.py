@@ -241,6 +241,7 @@ def render(source: str, app: AppInfo, front_root: str, *, logged_out: bool = Fal
 
     config = rewrite(config)
     config["root"] = root
+    config["username"] = None  # the page was fetched with the pool's own login, if any
     if logged_out:
         config = _login_config(config, root)
     info_match = _API_INFO.search(source)

@@ -29,7 +29,7 @@ def _source(root: str = SPACE) -> str:
     image = {"url": f"{root}/gradio_api/file=/x.png"}
     config = {"root": root, "protocol": "sse_v3", "app_id": 7, "title": "t",
               "components": [{"id": 1, "props": {"value": image}}],
-              "dependencies": [], "username": None}  # fmt: skip
+              "dependencies": [], "username": "pool-login"}  # fmt: skip
     info = {"named_endpoints": {"/echo": {"code": f"Client('{root}/')"}}, "unnamed_endpoints": {}}
     return (
         '<html><head><base href="./" /><script>window.gradio_config = '
@@ -62,6 +62,7 @@ def test_the_page_names_the_front_only() -> None:
     assert f'const root = "{FRONT}"' in page
     assert 'href="./manifest.json"' in page and 'href="/manifest.json"' not in page
     assert "./assets/index-x.js" in page  # the page's files: relative, under the scope
+    assert config["username"] is None and "pool-login" not in page  # the pool's login
 
 
 def test_a_space_root_other_than_its_address_is_replaced_too() -> None:
