@@ -305,20 +305,31 @@ async def _fetch(cache: StaticCache, key: tuple[str, ...], transport: SpaceTrans
                             status_code=upstream.status_code)  # fmt: skip
     headers = {k: v for k in _PASSED if (v := upstream.headers.get(k)) is not None}
     headers["X-Content-Type-Options"] = "nosniff"
-    length = upstream.headers.get("content-length", "")
-    if length.isdigit() and int(length) > CACHE_ENTRY_MAX_BYTES:
-        return StreamingResponse(_through(upstream), headers={**headers, "content-length": length})
+    chunks: list[bytes] = []
+    size = 0
+    body = upstream.aiter_bytes(64 * 1024)  # decoded (the Space may compress)
     try:
-        body = b"".join([chunk async for chunk in upstream.aiter_bytes(64 * 1024)])
-    finally:
+        async for chunk in body:
+            chunks.append(chunk)
+            size += len(chunk)
+            if size > CACHE_ENTRY_MAX_BYTES:  # too big to keep: the rest streamed through
+                return StreamingResponse(_through(chunks, body, upstream), headers=headers)
+    except BaseException:
         await upstream.aclose()
-    cache.put(key, Cached(200, headers, body))
-    return Response(body, headers=headers)
+        raise
+    await upstream.aclose()
+    kept = Cached(200, headers, b"".join(chunks))
+    cache.put(key, kept)
+    return Response(kept.body, headers=headers)
 
 
-async def _through(upstream: httpx.Response) -> AsyncIterator[bytes]:
+async def _through(
+    head: list[bytes], rest: AsyncIterator[bytes], upstream: httpx.Response
+) -> AsyncIterator[bytes]:
     try:
-        async for chunk in upstream.aiter_bytes(64 * 1024):
+        for chunk in head:
+            yield chunk
+        async for chunk in rest:
             yield chunk
     finally:
         await upstream.aclose()
@@ -357,7 +368,7 @@ _FILES: list[tuple[str, Callable[[AppInfo, str], str]]] = [
 
 
 def _add(base: str) -> None:
-    router.add_api_route(base + "/", _answering(page, checked=False), methods=["GET"])
+    router.add_api_route(base + "/", _answering(page, checked=False), methods=["GET", "HEAD"])
     for path, upstream in _FILES:
         router.add_api_route(base + path, _answering(_static(upstream), checked=False),
                              methods=["GET"])  # fmt: skip

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
@@ -204,3 +205,41 @@ async def test_a_page_behind_the_api_token_says_what_it_needs() -> None:
         assert (await http.get("/gradio/alpha/x.js")).status_code == 401
         served = await http.get("/gradio/alpha/", headers={"Authorization": "Bearer page-token-1"})
         assert served.text == "served"
+
+
+async def test_a_static_file_is_kept_or_streamed_by_its_size() -> None:
+    """Small files kept (the Space asked once), a file past the bound streamed through
+    whole and not kept, a 404 passed on."""
+    from types import SimpleNamespace
+
+    from app.gradio._pages import CACHE_ENTRY_MAX_BYTES, _fetch
+
+    asked: list[str] = []
+    big = b"b" * (CACHE_ENTRY_MAX_BYTES + 70_000)
+
+    def space(request: httpx.Request) -> httpx.Response:
+        asked.append(request.url.path)
+        if request.url.path == "/small.js":
+            return httpx.Response(200, content=b"s" * 100,
+                                  headers={"content-type": "text/javascript"})  # fmt: skip
+        if request.url.path == "/big.js":  # no length: chunked
+            return httpx.Response(200, content=chunked())
+        return httpx.Response(404)
+
+    async def chunked() -> AsyncIterator[bytes]:
+        for i in range(0, len(big), 65536):
+            yield big[i : i + 65536]
+
+    async with httpx.AsyncClient(transport=httpx.MockTransport(space)) as http:
+        fake: Any = SimpleNamespace(http=http, home=SimpleNamespace(headers=lambda url: {}))
+        cache = StaticCache()
+        small = await _fetch(cache, ("s", "1", "small"), fake, "http://space/small.js")
+        assert small.body == b"s" * 100 and small.headers["content-type"] == "text/javascript"
+        assert cache.get(("s", "1", "small")) is not None
+        streamed = await _fetch(cache, ("s", "1", "big"), fake, "http://space/big.js")
+        chunks = streamed.body_iterator  # type: ignore[attr-defined]
+        body = b"".join([bytes(c) async for c in chunks])
+        assert body == big and cache.get(("s", "1", "big")) is None
+        missing = await _fetch(cache, ("s", "1", "x"), fake, "http://space/x.js")
+        assert missing.status_code == 404
+    assert asked == ["/small.js", "/big.js", "/x.js"]
