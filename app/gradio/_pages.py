@@ -178,7 +178,11 @@ async def page(request: Request) -> Response:
     source = await _space_page(name, transport, app)
     front_root = _front_root(request)
     logged_out = await _login.refusal(request, scope) is not None
-    body = render(source, app, front_root, logged_out=logged_out)
+    try:
+        body = render(source, app, front_root, logged_out=logged_out)
+    except ValueError as exc:  # not a Gradio page: nothing of it is served
+        return JSONResponse({"detail": f"the Space's page cannot be served: {exc}"},
+                            status_code=502)  # fmt: skip
     response = HTMLResponse(body, headers={"Cache-Control": "no-store",
                                            "X-Content-Type-Options": "nosniff"})  # fmt: skip
     welcome(request, response, front_path(front_root))
