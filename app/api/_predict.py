@@ -22,9 +22,16 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from pool import Pool, UnknownSpace, get_pool
 from pool._consumer import current as current_consumer
 
-from ..admin import Readiness
+from ..admin import Activity, Readiness
 from ..calls import CheckedCall, identity_headers, read_call
-from ..core import IdempotencyKeyInUse, JobNotFound, bounded, context_of, settings_of
+from ..core import (
+    IdempotencyKeyInUse,
+    JobNotFound,
+    bounded,
+    context_of,
+    services_of,
+    settings_of,
+)
 from ..core import metrics as _metrics
 from ..edge import (
     ERROR_RESPONSES,
@@ -67,8 +74,7 @@ admin = APIRouter(dependencies=[Depends(require_admin_token)])
 
 
 def _runner(request: Request) -> JobRunner:
-    runner: JobRunner = request.app.state.jobs
-    return runner
+    return services_of(request).get(JobRunner)
 
 
 def _prepare(request: Request, body: PredictRequest) -> Pool:
@@ -82,7 +88,7 @@ def _prepare(request: Request, body: PredictRequest) -> Pool:
 
 def file_output(request: Request, body: PredictRequest) -> FileOutput:
     """How this request's output files are rendered (URL, or inline when small)."""
-    store: FileStore = request.app.state.files
+    store = services_of(request).get(FileStore)
     limit = settings_of(request).file_inline_max_bytes
     return FileOutput(store, body.files, limit)
 
@@ -90,7 +96,7 @@ def file_output(request: Request, body: PredictRequest) -> FileOutput:
 async def _read(request: Request) -> CheckedCall:
     """The body (JSON or multipart), checked by ``_prepare``, then its files on disk."""
     settings = settings_of(request)
-    boundary: Boundary = request.app.state.boundary
+    boundary = services_of(request).get(Boundary)
     call = await read_call(request, settings, boundary, lambda body: _prepare(request, body))
     call.headers = identity_headers(request, settings)
     return call
@@ -136,7 +142,7 @@ async def healthz() -> dict[str, str]:
 async def readyz(request: Request) -> JSONResponse:
     """Readiness: the admission store answers and every app has a Space up or wakeable
     (app/admin/_readiness.py). 503 otherwise, saying what failed."""
-    readiness: Readiness = request.app.state.readiness
+    readiness = services_of(request).get(Readiness)
     ready, body = await readiness.check(get_pool())
     return JSONResponse(body, status_code=200 if ready else 503)
 
@@ -410,7 +416,7 @@ async def pool_stats(request: Request) -> dict[str, Any]:
     """The pool's statistics (SPEC 5 keys, plus admission and the dashboard's activity)."""
     pool = get_pool()
     stats: dict[str, Any] = await pool.stats()
-    activity = getattr(request.app.state, "activity", None)
+    activity = services_of(request).find(Activity)
     if activity is not None:  # app.admin._history: requests per minute, errors, queue history
         await activity.extend(stats, pool.coordinator if stats.get("initialized") else None)
     return stats

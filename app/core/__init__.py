@@ -25,7 +25,8 @@ from ._errors import (
 from ._limits import BodySizeLimit
 from ._logging import AccessLog, RequestContext, configure_logging, context_of
 from ._metrics import TEAM_REGISTRY, on_pool_event
-from ._settings import MAX_TIMEOUT_S, ServiceSettings, outbound_port_problem, settings_of
+from ._services import Services, services_of, settings_of
+from ._settings import MAX_TIMEOUT_S, ServiceSettings, outbound_port_problem
 from ._streams import StreamCaps, bounded
 from ._tracing import TraceRequests
 
@@ -46,6 +47,7 @@ __all__ = [
     "KeyNotFound",
     "RequestContext",
     "ServiceSettings",
+    "Services",
     "StreamCaps",
     "TraceRequests",
     "UploadTooLarge",
@@ -57,6 +59,7 @@ __all__ = [
     "metrics",
     "on_pool_event",
     "outbound_port_problem",
+    "services_of",
     "settings_of",
     "startup",
     "tracing",

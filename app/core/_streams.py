@@ -20,6 +20,8 @@ from pool import UserLimitReached, get_pool
 from pool._consumer import current as current_consumer
 from pool._consumer import identity
 
+from ._services import services_of
+
 T = TypeVar("T")
 _RETRY_AFTER_S = 5.0
 
@@ -68,7 +70,7 @@ def caller(email: str | None) -> str:
 def bounded(request: Request, email: str | None, stream: AsyncIterator[T]) -> AsyncIterator[T]:
     """``stream`` as one of the caller's open streams (UserLimitReached: too many);
     unbounded when the app has no caps (a test app without the lifespan)."""
-    caps: StreamCaps | None = getattr(request.app.state, "streams", None)
+    caps = services_of(request).find(StreamCaps)
     if caps is None:
         return stream
     who = caller(email)

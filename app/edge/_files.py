@@ -58,7 +58,7 @@ from fastapi.responses import StreamingResponse
 from pool import LocalFile
 from pool._consumer import current as current_consumer
 
-from ..core import FileNotFound, UploadTooLarge
+from ..core import FileNotFound, UploadTooLarge, services_of
 from ._auth import require_api_token
 
 _log = logging.getLogger("spacepool.app")
@@ -367,8 +367,7 @@ router = APIRouter(dependencies=[Depends(require_api_token)])
 
 
 def _store(request: Request) -> FileStore:
-    store: FileStore = request.app.state.files
-    return store
+    return services_of(request).get(FileStore)
 
 
 @router.get(

@@ -43,7 +43,7 @@ from pool import (
 from pool._consumer import CURRENT
 from pool.transport import SpaceTransport, safe_name
 
-from ..core import bounded, context_of, describe, settings_of
+from ..core import bounded, context_of, describe, services_of, settings_of
 from ..edge import (
     EMAIL_MAX_CHARS,
     BadJson,
@@ -91,7 +91,7 @@ async def _token_or_quota(request: Request) -> None:
         request.state.quota_refusal = exc
         # Its session is the key's (users are hashed within their key): as the key's.
         scheme, _, bearer = request.headers.get("authorization", "").partition(" ")
-        keys: Keys | None = getattr(request.app.state, "keys", None)
+        keys = services_of(request).find(Keys)
         if scheme.lower() == "bearer" and keys is not None:
             record = await keys.find(bearer.strip())
             if record is not None:
@@ -102,8 +102,7 @@ _TOKEN = [Depends(_token_or_quota)]
 
 
 def sessions(request: Request) -> FrontSessions:
-    front: FrontSessions = request.app.state.gradio_sessions
-    return front
+    return services_of(request).get(FrontSessions)
 
 
 def _scope(request: Request) -> str | None:
@@ -177,8 +176,7 @@ async def app_id(request: Request) -> Response:
 
 # -- files ---------------------------------------------------------------------------------
 def _store(request: Request) -> FileStore:
-    store: FileStore = request.app.state.files
-    return store
+    return services_of(request).get(FileStore)
 
 
 async def upload(request: Request) -> Response:
