@@ -45,10 +45,9 @@ from pool import Pool, get_pool
 from pool._tasks import cancel_and_wait
 from pool.admission import SharedValues
 
-from .admin import Activity, Readiness, dashboard_router, run_sampler
+from .admin import Activity, Readiness, dashboard_router, ops_router, run_sampler
 from .admin import teams_router as team_router
-from .api import predict_router as router
-from .api import sessions_router, spaces_router
+from .api import jobs_router, predict_router, sessions_router, spaces_router
 from .core import (
     AccessLog,
     BodySizeLimit,
@@ -317,7 +316,9 @@ def create_app(settings: ServiceSettings | None = None) -> FastAPI:
     )
     app.add_middleware(TraceRequests)  # one span per request (app/core/_tracing.py)
     app.add_middleware(AccessLog, internal_error=_errors.internal_error)  # outermost
-    app.include_router(router)
+    app.include_router(ops_router)
+    app.include_router(predict_router)
+    app.include_router(jobs_router)
     app.include_router(files_router)
     app.include_router(spaces_router)
     app.include_router(sessions_router)

@@ -27,10 +27,11 @@ from ._logging import AccessLog, RequestContext, configure_logging, context_of
 from ._metrics import TEAM_REGISTRY, on_pool_event
 from ._services import Services, services_of, settings_of
 from ._settings import MAX_TIMEOUT_S, ServiceSettings, outbound_port_problem
-from ._streams import StreamCaps, bounded
+from ._streams import KEEPALIVE_S, StreamCaps, bounded
 from ._tracing import TraceRequests
 
 __all__ = [
+    "KEEPALIVE_S",
     "MAX_TIMEOUT_S",
     "TEAM_REGISTRY",
     "AccessLog",

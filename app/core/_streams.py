@@ -26,6 +26,10 @@ T = TypeVar("T")
 _RETRY_AFTER_S = 5.0
 
 
+# An idle SSE stream sends a keepalive this often (gradio/utils.py get_heartbeat_rate).
+KEEPALIVE_S = 15.0
+
+
 class StreamCaps:
     """The open streams of each identity in this process (plain methods: no await)."""
 
