@@ -47,7 +47,7 @@ from pool.admission import SharedValues
 
 from .admin import Activity, Readiness, dashboard_router, ops_router, run_sampler
 from .admin import teams_router as team_router
-from .api import jobs_router, predict_router, sessions_router, spaces_router
+from .api import files_router, jobs_router, predict_router, sessions_router, spaces_router
 from .core import (
     AccessLog,
     BodySizeLimit,
@@ -69,7 +69,6 @@ from .edge import (
     FileOutput,
     FileStore,
     PredictRequest,
-    files_router,
     gate_of,
     run_sweeper,
 )

@@ -215,7 +215,7 @@ def _space_path(path: str) -> str | None:
 
 async def file(request: Request) -> Response:
     """``GET file={path}``: an upload of ours, or the Space's file (streamed); inert
-    on this origin either way (app.edge._files.inert_headers)."""
+    on this origin either way (app.edge._serving.inert_headers)."""
     path = str(request.path_params["path"])
     token = upload_token(path)
     if token is not None:
