@@ -31,7 +31,7 @@ from schemathesis.generation.meta import FuzzingPhaseData
 from schemathesis.specs.openapi.checks import negative_data_rejection, positive_data_acceptance
 
 from app.core import ServiceSettings, services_of
-from app.jobs._runner import JobRunner
+from app.jobs import JobRunner
 from app.main import create_app
 from devspaces import SpaceFleet
 from pool import Pool, PoolSettings, set_pool
