@@ -253,7 +253,7 @@ class JobRunner:
                     queued_ms=round((time.monotonic() - started) * 1000, 1),
                 )
                 if record is not None and record.owner != self.owner:
-                    raise asyncio.CancelledError  # taken over: never send it (app/_reclaim)
+                    raise asyncio.CancelledError  # taken over: never send it (app/jobs/_reclaim.py)
 
             async def partial(p: Partial) -> None:
                 await self.store.update(
