@@ -13,7 +13,6 @@ from urllib.parse import urlsplit
 
 from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
-from starlette.requests import Request
 
 _ON = frozenset({"true", "1", "yes", "on"})  # POOL_GRADIO_PAGES: every page served
 _OFF = frozenset({"false", "0", "no", "off"})  # … none
@@ -184,8 +183,3 @@ def outbound_port_problem(url: str) -> str | None:
         " (use a store listening on 443 or 8080; docs/hub.md)"
     )
 
-
-def settings_of(request: Request) -> ServiceSettings:
-    """The running service's settings (set on the app by its lifespan)."""
-    settings: ServiceSettings = request.app.state.settings
-    return settings
