@@ -54,7 +54,7 @@ from fastapi.responses import (
 from pool import get_pool
 from pool.transport import AppInfo, SpaceTransport
 
-from ..core import AuthError, settings_of
+from ..core import AuthError, services_of, settings_of
 from ..edge import require_api_token
 from . import _login
 from ._rewrite import rewriter
@@ -119,11 +119,9 @@ _PAGES: dict[tuple[str, str], tuple[float, str]] = {}  # (space, app_id) -> (fet
 
 
 def _cache(request: Request) -> StaticCache:
-    state = request.app.state
-    cache: StaticCache | None = getattr(state, "gradio_static", None)
-    if cache is None:
-        cache = state.gradio_static = StaticCache()
-    return cache
+    """The process's cache (made on first use: it needs nothing of the lifespan)."""
+    services = services_of(request)
+    return services.find(StaticCache) or services.provide(StaticCache())
 
 
 # -- who may see a page --------------------------------------------------------------------

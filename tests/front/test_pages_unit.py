@@ -17,7 +17,7 @@ from starlette.requests import Request
 from starlette.responses import PlainTextResponse
 from starlette.routing import Route
 
-from app.core import ServiceSettings
+from app.core import Services, ServiceSettings
 from app.gradio._cors import FrontCors
 from app.gradio._pages import Cached, StaticCache, render
 from pool.transport import AppInfo
@@ -182,7 +182,7 @@ def _pages_app(**settings: Any) -> httpx.AsyncClient:
         return refused or PlainTextResponse("served")  # type: ignore[return-value]
 
     inner = Starlette(routes=[Route("/gradio/{alias}/", page), Route("/gradio/{alias}/x.js", page)])
-    inner.state.settings = ServiceSettings(**settings)
+    inner.state.services = Services(ServiceSettings(**settings))
     return httpx.AsyncClient(transport=httpx.ASGITransport(app=inner), base_url="http://svc")
 
 
