@@ -136,18 +136,28 @@ def _expect() -> Any:
 
 
 # -- pages ---------------------------------------------------------------------------------
-def test_text_app_page(service: ServiceProcess, visit: Visit, fleet: SpaceFleet) -> None:
-    """alpha's own page; its event runs through the pool (the Space counts it)."""
+def test_text_app_page(service: ServiceProcess, visit: Visit, fleet: SpaceFleet,
+                       browser: Any) -> None:  # fmt: skip
+    """alpha's own page; its event runs through the pool (the Space counts it), as the
+    browser's visitor: another browser is another user."""
     before = fleet["alpha"].stats().total
-    page = visit.page(f"{service.url}/gradio/alpha/")
-    expect = _expect()
-    expect(page).to_have_title("stand-in Space alpha")
-    page.get_by_label("text", exact=True).fill("hello")
-    page.get_by_role("button", name="echo", exact=True).click()
-    expect(page.get_by_label("output", exact=True)).to_have_value("alpha:hello")
-    assert fleet["alpha"].stats().total == before + 1
-    assert any(c["name"] == "spacepool-visitor" for c in visit.context.cookies())
-    visit.only_to(service.url)
+    other = Visit(browser)
+    try:
+        for seen, word in ((visit, "hello"), (other, "again")):
+            page = seen.page(f"{service.url}/gradio/alpha/")
+            expect = _expect()
+            expect(page).to_have_title("stand-in Space alpha")
+            page.get_by_label("text", exact=True).fill(word)
+            page.get_by_role("button", name="echo", exact=True).click()
+            expect(page.get_by_label("output", exact=True)).to_have_value(f"alpha:{word}")
+            assert any(c["name"] == "spacepool-visitor" for c in seen.context.cookies())
+            seen.only_to(service.url)
+    finally:
+        other.context.close()
+    assert fleet["alpha"].stats().total == before + 2
+    joins = [line for line in service.log_lines()
+             if str(line.get("path")).endswith("/queue/join") and line.get("space") == "alpha"]
+    assert len({line.get("user") for line in joins[-2:]} - {None}) == 2  # two visitors
 
 
 def test_streaming_chat_keeps_its_state(service: ServiceProcess, visit: Visit) -> None:
