@@ -150,7 +150,9 @@ def test_text_app_page(service: ServiceProcess, visit: Visit, fleet: SpaceFleet,
             page.get_by_label("text", exact=True).fill(word)
             page.get_by_role("button", name="echo", exact=True).click()
             expect(page.get_by_label("output", exact=True)).to_have_value(f"alpha:{word}")
-            assert any(c["name"] == "spacepool-visitor" for c in seen.context.cookies())
+            (cookie,) = [c for c in seen.context.cookies() if c["name"] == "spacepool-visitor"]
+            assert cookie["httpOnly"] and cookie["sameSite"] == "Lax"
+            assert cookie["path"] == "/gradio"
             seen.only_to(service.url)
     finally:
         other.context.close()
@@ -349,6 +351,13 @@ def test_cors_and_urls_of_the_running_service(service: ServiceProcess) -> None:
     login = httpx.post(f"{service.url}/gradio/alpha/login", headers={"Host": "evil.example"},
                        data={"username": "u", "password": "p"})  # fmt: skip
     assert login.status_code == 302 and login.headers["location"] == "/gradio/alpha"
+    # The admin token opens admin routes only as a bearer header: never a cookie or query.
+    from tests.service.conftest import ADMIN_TOKEN
+
+    stats = f"{service.url}/api/admin/pool-stats"
+    assert httpx.get(stats, headers={"Authorization": f"Bearer {ADMIN_TOKEN}"}).status_code == 200
+    assert httpx.get(stats, params={"token": ADMIN_TOKEN}).status_code == 401
+    assert httpx.get(stats, headers={"Cookie": f"token={ADMIN_TOKEN}"}).status_code == 401
     for path in ("/api/admin/pool-stats", "/api/predict"):
         admin = httpx.options(service.url + path, headers={"Origin": LISTED, **ask})
         assert "access-control-allow-origin" not in admin.headers
