@@ -28,8 +28,8 @@ from fastapi.responses import JSONResponse, Response
 
 from pool import InvalidRequest, PoolError, get_pool
 
-from ..core import context_of
-from ..edge import pass_gate
+from ..core import context_of, services_of
+from ..edge import Boundary, pass_gate
 from ._rewrite import rewriter
 from ._routes import _body, _event, _scope, sessions
 from ._space_view import served
@@ -82,9 +82,9 @@ async def run(request: Request) -> Response:
     finally:
         session.touch()
     raw = msg.get("output") or {}
-    files = front.boundary.saw_outputs(raw)
+    files = services_of(request).get(Boundary).saw_outputs(raw)
     with contextlib.suppress(PoolError):
-        await front.mark_outputs(files)
+        await front.mark_outputs(files)  # made known to the fleet's trust boundary
     output = rewriter(app.src, event.front_root)(raw)
     if not msg.get("success", True):
         return JSONResponse(output, status_code=500)
