@@ -330,6 +330,24 @@ def test_pages_off_answer_a_short_page(service: ServiceProcess) -> None:
 
 
 @pytest.mark.usefixtures("browser")
+def test_the_pages_files_are_the_spaces(service: ServiceProcess, fleet: SpaceFleet) -> None:
+    """The page's files come from the Space (the same bytes), kept by the service; a
+    path that would leave its route, or a file the Space has not, is 404."""
+    base = f"{service.url}/gradio/alpha"
+    space = fleet["alpha"].url.rstrip("/")
+    for path in ("/theme.css", "/manifest.json", "/favicon.ico", "/static/img/logo.svg"):
+        ours, theirs = httpx.get(base + path), httpx.get(space + path)
+        assert ours.status_code == theirs.status_code, path
+        if theirs.status_code == 200:
+            assert ours.content == theirs.content, path
+            assert ours.headers["x-content-type-options"] == "nosniff"
+    assert httpx.head(base + "/").status_code == 200
+    for path in ("/assets/..%2f..%2fconfig", "/assets/%2e%2e/x.js", "/static/a\\b.js",
+                 "/assets/missing-xyz.js", "/gradio_api/custom_component/x/client/y/z.js"):
+        assert httpx.get(base + path).status_code == 404, path
+
+
+@pytest.mark.usefixtures("browser")
 def test_cors_and_urls_of_the_running_service(service: ServiceProcess) -> None:
     """Preflight from any origin on the open front (no credentials); a listed origin
     with credentials; admin routes answer no CORS at all. The config's root is
