@@ -20,7 +20,7 @@ from fastapi import APIRouter, Depends, Header, Request, Response
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from pool import Pool, UnknownSpace, get_pool
-from pool._consumer import current as current_consumer
+from pool.admission import current as current_consumer
 
 from . import _metrics
 from ._auth import is_admin, pass_gate, require_admin_token, require_api_token

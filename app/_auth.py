@@ -33,7 +33,7 @@ from opentelemetry import trace
 from pydantic import SecretStr
 
 from pool import get_pool
-from pool._consumer import CURRENT
+from pool.admission import CURRENT
 
 from ._errors import AuthError
 from ._keys import KEY_PREFIX, KeyRecord, Keys

@@ -56,7 +56,7 @@ from fastapi import APIRouter, Depends, HTTPException, Request
 from fastapi.responses import StreamingResponse
 
 from pool import LocalFile
-from pool._consumer import current as current_consumer
+from pool.admission import current as current_consumer
 
 from ._auth import require_api_token
 from ._errors import FileNotFound, UploadTooLarge

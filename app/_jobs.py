@@ -54,10 +54,9 @@ from dataclasses import dataclass, field, fields, replace
 from datetime import UTC, datetime
 from typing import Any, Literal, Protocol
 
-from pool import Partial, WaitTicket, get_pool
-from pool._consumer import current as current_consumer
-from pool._holdings import Holdings
+from pool import Holdings, Partial, WaitTicket, get_pool
 from pool.admission import SharedValues
+from pool.admission import current as current_consumer
 
 from ._auth import pass_gate
 from ._errors import JobsFull, describe

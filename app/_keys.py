@@ -36,8 +36,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field
 
 from pool import BusyError, PoolError, get_pool
-from pool._consumer import CONSUMER_PREFIX, Consumer, anonymous_of
-from pool.admission import SharedValues
+from pool.admission import CONSUMER_PREFIX, Consumer, SharedValues, anonymous_of
 
 from ._errors import KeyNameTaken, KeyNotFound
 

@@ -17,8 +17,8 @@ from typing import TypeVar
 from fastapi import Request
 
 from pool import UserLimitReached, get_pool
-from pool._consumer import current as current_consumer
-from pool._consumer import identity
+from pool.admission import current as current_consumer
+from pool.admission import identity
 
 T = TypeVar("T")
 _RETRY_AFTER_S = 5.0

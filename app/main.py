@@ -46,8 +46,7 @@ from importlib import metadata
 from fastapi import FastAPI
 from pydantic import ValidationError
 
-from pool import Pool, get_pool
-from pool._tasks import cancel_and_wait
+from pool import Pool, cancel_and_wait, get_pool
 from pool.admission import SharedValues
 
 from . import _errors, _startup, _tracing

@@ -56,14 +56,9 @@ from .admission import (
     Lease,
     WaitTicket,
 )
-from .connections._connection import Connection
-from .connections._handle import PooledClient
-from .connections._space_pool import SpacePool
+from .connections import Connection, PooledClient, SpacePool
 from .resilience import HealthBoard, Outcome, Waker, http_probe
-from .routing._apps import Apps
-from .routing._choice import Choice, Route
-from .routing._routing import Router
-from .routing._scheduling import classed_ticket, queue_timeout_for
+from .routing import Apps, Choice, Route, Router, classed_ticket, queue_timeout_for
 
 _log = logging.getLogger("spacepool")
 _T = TypeVar("_T")

@@ -34,7 +34,7 @@ import httpx
 
 from ._attempt import Attempts
 from ._clock import SYSTEM_CLOCK, Clock
-from ._consumer import scope
+from ._consumer import ANONYMOUS, scope
 from ._events import Hook
 from ._exceptions import (
     MisuseError,
@@ -54,13 +54,12 @@ from .admission import (
     CONSUMER_PREFIX,
     GLOBAL_RESOURCE,
     Coordinator,
+    WaitingCoordinator,
     WaitTicket,
+    new_id,
     open_coordinator,
 )
-from .admission._live_waits import WaitingCoordinator
-from .admission._protocol import new_id
-from .connections._handle import Partial, PooledClient
-from .connections._space_pool import SpacePool
+from .connections import Partial, PooledClient, SpacePool
 from .resilience import (
     HealthBoard,
     HealthParams,
@@ -71,9 +70,7 @@ from .resilience import (
     Waker,
     resource_cap,
 )
-from .routing._apps import Apps
-from .routing._choice import Choice
-from .routing._routing import ANONYMOUS, Router, user_key
+from .routing import Apps, Choice, Router, user_key
 from .transport import (
     FallbackOpener,
     GradioFactory,

@@ -23,8 +23,7 @@ from ._settings import PoolSettings
 from ._stats import PUBLISH_S, Shared
 from ._tasks import cancel_and_wait
 from .admission import SPACE_PREFIX
-from .connections._space_pool import SpacePool
-from .connections._warmth import Warmth
+from .connections import SpacePool, Warmth
 
 
 class Upkeep:

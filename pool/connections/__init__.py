@@ -14,3 +14,25 @@
 
 Everything here holds the transport's interface only; it never asks which transport.
 """
+
+from __future__ import annotations
+
+from ._connection import Connection
+from ._downloads import LocalFile, files_in, is_file_data
+from ._guard import check_outbound
+from ._handle import Partial, PooledClient, PooledJob
+from ._space_pool import SpacePool
+from ._warmth import Warmth
+
+__all__ = [
+    "Connection",
+    "LocalFile",
+    "Partial",
+    "PooledClient",
+    "PooledJob",
+    "SpacePool",
+    "Warmth",
+    "check_outbound",
+    "files_in",
+    "is_file_data",
+]

@@ -43,8 +43,7 @@ from .._exceptions import (
 )
 from ..admission import Lease
 from ..resilience import Outcome
-from ..transport import Feed, Relay, SpaceCall, SpaceClient, UpstreamEvent
-from ..transport._errors import Classified, classify
+from ..transport import Classified, Feed, Relay, SpaceCall, SpaceClient, UpstreamEvent, classify
 from . import _downloads
 from ._cancels import deliver_cancel, first_attempt
 from ._connection import Connection

@@ -32,11 +32,11 @@ from typing import TYPE_CHECKING, Protocol
 
 from .._exceptions import AmbiguousEndpoint, PoolClosedError, PoolError
 from .._tasks import cancel_and_wait
-from ..resilience._control import WAKING_STAGES
+from ..resilience import WAKING_STAGES
 
 if TYPE_CHECKING:
     from .._spaces import SpaceSpec
-    from ..connections._space_pool import SpacePool
+    from ..connections import SpacePool
 
 
 class FailedHook(Protocol):

@@ -35,8 +35,7 @@ from cachetools import TTLCache
 from .._clock import SYSTEM_CLOCK
 from .._consumer import ANONYMOUS  # the user every caller without an email counts as
 from .._exceptions import NoHealthySpaceError
-from ..admission import SharedValues
-from ..admission._watch import Changed
+from ..admission import Changed, SharedValues
 
 __all__ = ["ANONYMOUS", "PIN_PREFIX", "Router", "user_key"]
 
