@@ -59,7 +59,7 @@ from .admission import (
     new_id,
     open_coordinator,
 )
-from .connections import Partial, PooledClient, SpacePool
+from .connections import Failover, Partial, PooledClient, SpacePool
 from .resilience import (
     HealthBoard,
     HealthParams,
@@ -184,7 +184,13 @@ class Pool:
             coordinator=WaitingCoordinator(self.coordinator, self._stats.live_waits),
             sessions=self.sessions, hooks=self.hooks,
             clock=self.clock, http=self._http, hash_user=self.hash_user,
+            failover=self.failover,
         )  # fmt: skip
+
+    @functools.cached_property
+    def failover(self) -> Failover:
+        """The one failure path (pool/connections/_failover.py)."""
+        return Failover(self.spaces, self.board, self.hooks, self.clock)
 
     @functools.cached_property
     def requests(self) -> RequestPath:
@@ -202,9 +208,7 @@ class Pool:
     def apps(self) -> Apps:
         """The Spaces' apps and replicas; routing's ambiguity check (pool/routing/_apps.py)."""
         return Apps(
-            self.spaces, self.settings.connect_timeout_s,
-            lambda sp, error, *, placed: self.attempts.space_failed(sp, error, placed=placed),
-            self.waker.stage,
+            self.spaces, self.settings.connect_timeout_s, self.failover, self.waker.stage,
         )
 
     def _space_pools(self) -> dict[str, SpacePool]:

@@ -50,7 +50,7 @@ from ._connection import Connection
 from ._guard import check_outbound_off_loop
 from ._pacing import JoinPacer
 
-FailureHook = Callable[[Classified], bool]  # True: the pool counted a failover
+FailureHook = Callable[[Classified], bool]  # Failover.job_failed; True: a failover counted
 _RESERVED = frozenset({"fn_index", "result_callbacks"})
 DEFAULT_STREAM_KEEP = 32
 
