@@ -57,7 +57,7 @@ from .admission import (
     WaitTicket,
 )
 from .connections import Connection, Failover, PooledClient, SpacePool
-from .resilience import HealthBoard, Outcome, Waker, http_probe
+from .resilience import HealthBoard, Outcome, Waker
 from .routing import Apps, Choice, Route, Router, classed_ticket, queue_timeout_for
 
 _log = logging.getLogger("spacepool")
@@ -283,7 +283,8 @@ class Attempts:
         await self.waker.ensure_awake(
             sp.spec,
             connected=sp.total > 0 and sp.is_up(),
-            probe=functools.partial(self._answers, sp),
+            probe_url=sp.probe_url,
+            http=self._http,
             ticket=ticket,
             give_up_at=by,
         )
@@ -369,13 +370,6 @@ class Attempts:
         """Self-fencing: the lease of a running request is lost; stop its work now."""
         handle._fence(error)
         emit(self.hooks, PoolEvent("lease_lost", space, error.why))
-
-    async def _answers(self, sp: SpacePool) -> bool:
-        """Whether a booting Space serves now: its app_id route, or the Hub's stage."""
-        async with self.clock.timeout(None):  # real I/O, bounded by httpx / the Hub call
-            if sp.probe_url is not None and self._http is not None:
-                return await http_probe(self._http, sp.probe_url)
-            return await self.waker.stage(sp.spec, fresh=True) == "RUNNING"
 
     async def record(self, name: str, outcome: Outcome, at: int = 0) -> None:
         """Feed the shared window and breaker (``at``: our calls at the Space when the
