@@ -148,9 +148,7 @@ class Pool:
         self.resource_cap = resource_cap()
         self._board: HealthBoard | None = None
         self._waker: Waker | None = None
-        self.router = Router(
-            ttl_s=s.assignment_ttl_s, values=lambda: self.coordinator.values, clock=self.clock.now
-        )
+        self.router = Router(ttl_s=s.assignment_ttl_s, clock=self.clock.now)  # pins: at start
         self.spaces = self._space_pools()
         self.hooks: list[Hook] = []
         self._stats = Stats(
@@ -248,6 +246,7 @@ class Pool:
                 allow_evicting_store=s.allow_evicting_store, clock=self.clock.now,
             )  # fmt: skip
         coordinator = self._coordinator
+        self.router.use(coordinator.values)
         await coordinator.set_limits({
             GLOBAL_RESOURCE: s.global_max_concurrent,
             CONSUMER_PREFIX: s.consumer_max_concurrent,
