@@ -1,4 +1,11 @@
-"""Admission: all-or-nothing FIFO leases over shared resources, behind one protocol."""
+"""Admission: all-or-nothing FIFO leases over shared resources, behind one protocol.
+
+Its face also carries what goes with a lease: the consumer a call is admitted for
+(``Consumer``, ``CURRENT``, ``identity``…, from the ground's :mod:`pool._consumer`), the
+one ownership mechanism of leases and durable jobs (``Holder``, ``Owners``,
+``write_fenced``…), watched shared values (``Changed``) and the waits in progress for
+pool-stats (``LiveWaits``).
+"""
 
 from __future__ import annotations
 
