@@ -41,8 +41,7 @@ from fastapi import FastAPI
 from opentelemetry.trace import TracerProvider
 from pydantic import ValidationError
 
-from pool import Pool, get_pool
-from pool._tasks import cancel_and_wait
+from pool import Pool, cancel_and_wait, get_pool
 from pool.admission import SharedValues
 
 from .admin import Activity, Readiness, dashboard_router, ops_router, run_sampler

@@ -75,8 +75,7 @@ from pool import (
     UpstreamTransportError,
     UserLimitReached,
 )
-from pool._consumer import CURRENT, Consumer, identity
-from pool.admission import SharedValues, WaitTicket
+from pool.admission import CURRENT, Consumer, SharedValues, WaitTicket, identity
 from pool.transport import ProtocolNotSupported, SessionDropped, SpaceTransport
 
 from ..core import AuthError, Draining

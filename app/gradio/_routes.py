@@ -40,7 +40,7 @@ from pool import (
     check_outbound,
     get_pool,
 )
-from pool._consumer import CURRENT
+from pool.admission import CURRENT
 from pool.transport import SpaceTransport, safe_name
 
 from ..core import bounded, context_of, describe, services_of, settings_of
