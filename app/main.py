@@ -59,7 +59,6 @@ from ._draining import Draining
 from ._filestore import FileOutput, FileStore, run_sweeper
 from ._filestore import router as files_router
 from ._gradio import FrontSessions
-from ._gradio import event_of as gradio_event_of
 from ._gradio import router as gradio_router
 from ._history import Activity, run_sampler
 from ._jobs import JobRunner, MemoryJobStore
@@ -155,7 +154,6 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
         max_queued=settings.gradio_queue_max_size,
         boundary=boundary,
         pool=pool,
-        event_of=gradio_event_of,
         draining=draining,
     )
     front.gate_of = functools.partial(gate_of, keys, usage)  # a handed-over event's key

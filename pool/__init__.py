@@ -65,7 +65,8 @@ from ._exceptions import (
     UserLimitReached,
 )
 from ._pool import Pool
-from ._request import Prediction, PredictOptions
+from ._request import CallAttempt, Prediction, PredictOptions
+from ._retry import NO_ROOM
 from ._sessions import PoolSession
 from ._settings import PoolSettings
 from ._spaces import Login, SpaceSpec, parse_space, parse_spaces
@@ -126,8 +127,10 @@ async def get_client(
 
 
 __all__ = [
+    "NO_ROOM",
     "AmbiguousEndpoint",
     "BusyError",
+    "CallAttempt",
     "Clock",
     "DeadlineExceeded",
     "Hook",

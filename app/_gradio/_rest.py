@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from typing import Any
 
 from fastapi import Request
@@ -22,7 +22,9 @@ from pool import InvalidRequest, get_pool
 from pool.transport import apply_diff
 
 from .._boundary import BadJson, parse_json
-from ._front_sessions import EventRequest, FrontSession, FrontSessions
+from ._event_request import event_of
+from ._front_session import FrontSession
+from ._front_sessions import FrontSessions
 from ._space_view import served
 
 
@@ -30,17 +32,20 @@ async def call_post(
     request: Request,
     front: FrontSessions,
     scope: str | None,
-    event_of: Callable[[Request, dict[str, Any]], Awaitable[EventRequest]],
+    email: str | None,
+    front_root: str,
 ) -> Response:
-    """``POST call/{api_name}``; ``event_of(request, body)`` builds the event as a join's.
-    Failures are raised (the routes answer them)."""
+    """``POST call/{api_name}`` of ``email``'s user; its event built as a join's
+    (:func:`~app._gradio._event_request.event_of`). Failures are raised (the routes
+    answer them)."""
     try:
         body = parse_json(await request.body())
     except BadJson as exc:
         raise InvalidRequest(f"invalid body: {exc}") from None
     if not isinstance(body, dict) or not isinstance(body.get("data"), list):
         raise InvalidRequest('the body must be {"data": [...]}')
-    _, _, app = await served(get_pool(), scope)
+    pool = get_pool()
+    _, app = await served(pool, scope)
     name = "/" + str(request.path_params["api_name"]).strip("/")
     endpoint = app.endpoint(name) if name in app.api_names() else None
     if endpoint is None:
@@ -50,7 +55,8 @@ async def call_post(
         data.insert(position, None)
     given = body.get("session_hash")
     session_hash = given if isinstance(given, str) and given else uuid.uuid4().hex
-    event = await event_of(request, {"fn_index": endpoint.fn_index, "data": data})
+    body = {"fn_index": endpoint.fn_index, "data": data}
+    event = await event_of(pool, front.outputs, scope, body, email, front_root)
     session = await front.open(scope, session_hash, event.email)
     event_id = await session.join(event)
     await front.remember_call(event_id, session, not isinstance(given, str) or not given)
