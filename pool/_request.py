@@ -7,6 +7,15 @@ the one deadline over queueing, retries and the call, the upstream cancel when i
 passes, partial outputs to their reader (never retried once one was delivered), every
 protocol event to its listener, the call's headers on every upstream request, and the
 output files fetched while the slot is still held.
+
+One request path for every face: a call is a sequence of attempts (:class:`Calls`, an
+async iterator of :class:`CallAttempt`), and what happens between two is decided in one
+place (:meth:`RequestPath._again`): a refusal for want of room (the Space's own queue
+full) waits in the pool's queue again until the queue timeout, counted from the call's
+start; a failure the retry policy repeats is repeated after its backoff; anything else
+is raised. :meth:`RequestPath.predict` runs a predict on each attempt;
+:meth:`Pool.call <pool.Pool.call>` hands the attempts to a caller that runs its own
+work on them (the Gradio front relays a client's event), under the same rules.
 """
 
 from __future__ import annotations

@@ -52,7 +52,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import uuid
 from collections.abc import Callable, Coroutine
@@ -65,7 +64,7 @@ from pool.admission import SharedValues
 from .._auth import Gate
 from .._boundary import Boundary
 from .._draining import Draining
-from ._fleet import Outputs, call_key, cancels_key, joins_key
+from ._fleet import Outputs, cancels_key, joins_key
 from ._front_errors import FrontBusy, NotYours
 from ._front_session import FrontSession
 from ._messages import completed_error
@@ -257,33 +256,6 @@ class FrontSessions:
     def _forget(self, session: FrontSession) -> None:
         if self._sessions.get((session.scope, session.hash)) is session:
             del self._sessions[(session.scope, session.hash)]
-
-    async def remember_call(self, event_id: str, session: FrontSession, own: bool) -> None:
-        """A REST call (:mod:`._rest`) to be read by ``GET call/…/{event_id}`` on any
-        worker: its session, and whether it was made for the call (ended after it)."""
-        record = json.dumps({"scope": session.scope, "hash": session.hash, "own": own})
-        await self.values().put(call_key(event_id), record, self.shared_ttl_s)
-
-    async def recall(
-        self, event_id: str, email: str | None, scope: str | None
-    ) -> tuple[FrontSession, bool] | None:
-        """The session of a REST call not read yet, and whether it was made for the
-        call; taken (a call's stream is read once). None: unknown, made under another
-        scope than ``scope``, or another identity's."""
-        key = call_key(event_id)
-        raw = await self.values().get(key)
-        try:
-            found: dict[str, Any] = json.loads(raw or "null")
-            made, session_hash, own = found["scope"], str(found["hash"]), bool(found["own"])
-        except (ValueError, KeyError, TypeError):
-            return None
-        if (None if made is None else str(made)) != scope:
-            return None
-        session = await self.find(scope, session_hash, email)
-        if session is None:
-            return None
-        await self.values().delete(key)
-        return session, own
 
     async def _follow(self) -> None:
         """The core's idle rule for the relays of this process: a session in use here
