@@ -6,7 +6,7 @@ the Space's native transport (pool/transport/_space.py ``SpaceTransport``), whic
 pool's connections of the Space share. :class:`SpaceReads` finds it on a live
 connection of the Space, opening one (and handing it straight back) only when the Space
 has none yet, as :meth:`Pool.endpoints <pool.Pool.endpoints>` does. The Gradio front
-(app/_gradio) reads everything it serves without admission here, through
+(app/gradio) reads everything it serves without admission here, through
 :class:`~pool.Pool`'s ``space_*`` methods, and never holds a connection or a transport.
 
 Each raises :class:`~pool.UnknownSpace` for a name that is not configured and
