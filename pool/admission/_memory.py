@@ -100,17 +100,19 @@ class MemoryCoordinator:
             async with asyncio.timeout(timeout):
                 return await asyncio.shield(waiter.future)
         except BaseException as exc:
-            position = self._position(key)[0]
+            # Only a timeout tells its position (BusyError); a cancel does not compute it.
+            timed_out = isinstance(exc, TimeoutError)
+            position = self._position(key)[0] if timed_out else 0
             self._forget(key)
             if _granted(waiter.future):
                 # Granted at the same moment we gave up: pass the slots on.
-                if isinstance(exc, TimeoutError):
+                if timed_out:
                     return waiter.future.result()
                 self._release_now(waiter.future.result())
             else:
                 waiter.future.cancel()
             self._assign()
-            if isinstance(exc, TimeoutError):
+            if timed_out:
                 raise BusyError(
                     f"no capacity within {timeout:.1f}s",
                     queue_position=position,

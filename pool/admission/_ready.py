@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
+from array import array
 from bisect import bisect_left
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, MutableMapping
@@ -50,41 +51,54 @@ from ._rule import Order, is_private, lane_of
 
 _COMPACT_MIN = 64  # a Ranks rebuilds itself once it has this many dead entries and more
 # dead than live ones: amortized O(1) per removal
+_MIN_SHIFT = 6  # a Ranks' blocks hold at least 2**6 entries
 
 
 class Ranks:
-    """Live arrivals in arrival order: how many arrived before a given one, O(log n).
+    """Live arrivals in arrival order: how many arrived before a given one.
 
-    An append-only array of sequence numbers with a Fenwick tree over their live flags;
-    compacted when half of it is dead.
+    An append-only array of sequence numbers (``array``: one flat block of memory, so a
+    bisection reads no scattered objects), a live flag per entry and the live count
+    of each block of ``2**shift`` entries. A removal is a bisection (in C) and two O(1)
+    updates; :meth:`before` adds the counts of the blocks before the entry and counts
+    the live flags of its own block, both in C, over O(√n) items: the blocks are kept
+    no more numerous than the entries of one (their size doubles as the array grows).
+    Compacted when half of it is dead: amortized O(1) per removal.
     """
 
-    __slots__ = ("_alive", "_dead", "_seqs", "_tree", "total")
+    __slots__ = ("_alive", "_blocks", "_dead", "_seqs", "_shift", "total")
 
     def __init__(self) -> None:
-        self._seqs: list[int] = []
+        self._seqs = array("q")
         self._alive = bytearray()
-        self._tree: list[int] = [0]  # 1-based Fenwick tree
+        self._blocks: list[int] = []  # live entries in each block of 2**_shift entries
+        self._shift = _MIN_SHIFT
         self._dead = 0
         self.total = 0
 
     def add(self, seq: int) -> None:
         """Record an arrival; ``seq`` is larger than every one recorded before."""
+        index = len(self._seqs)
         self._seqs.append(seq)
         self._alive.append(1)
-        i = len(self._seqs)
-        self._tree.append(1 + self._prefix(i - 1) - self._prefix(i - (i & -i)))
+        block = index >> self._shift
+        if block < len(self._blocks):
+            self._blocks[block] += 1
+        else:
+            self._blocks.append(1)
+            if len(self._blocks) > 1 << self._shift:  # twice as many entries per block
+                pairs = self._blocks
+                self._blocks = [sum(pairs[i : i + 2]) for i in range(0, len(pairs), 2)]
+                self._shift += 1
         self.total += 1
 
     def remove(self, seq: int) -> None:
-        index = bisect_left(self._seqs, seq)
-        if index == len(self._seqs) or self._seqs[index] != seq or not self._alive[index]:
+        seqs = self._seqs
+        index = bisect_left(seqs, seq)
+        if index == len(seqs) or seqs[index] != seq or not self._alive[index]:
             return
         self._alive[index] = 0
-        i = index + 1
-        while i < len(self._tree):
-            self._tree[i] -= 1
-            i += i & -i
+        self._blocks[index >> self._shift] -= 1
         self.total -= 1
         self._dead += 1
         if self._dead >= _COMPACT_MIN and self._dead > self.total:
@@ -92,26 +106,22 @@ class Ranks:
 
     def before(self, seq: int) -> int:
         """How many live arrivals have a smaller sequence number than ``seq``."""
-        return self._prefix(bisect_left(self._seqs, seq))
-
-    def _prefix(self, i: int) -> int:
-        total = 0
-        while i > 0:
-            total += self._tree[i]
-            i -= i & -i
-        return total
+        index = bisect_left(self._seqs, seq)
+        block = index >> self._shift
+        return sum(self._blocks[:block]) + self._alive.count(1, block << self._shift, index)
 
     def _compact(self) -> None:
-        """Drop the dead entries; the tree is rebuilt in one linear sweep."""
-        self._seqs = [s for s, alive in zip(self._seqs, self._alive, strict=True) if alive]
+        """Drop the dead entries; the blocks are counted again in one linear sweep."""
+        alive = self._alive
+        self._seqs = array("q", (s for s, live in zip(self._seqs, alive, strict=True) if live))
         size = len(self._seqs)
         self._alive = bytearray(b"\x01" * size)
-        tree = [0] + [1] * size
-        for i in range(1, size + 1):
-            parent = i + (i & -i)
-            if parent <= size:
-                tree[parent] += tree[i]
-        self._tree, self._dead, self.total = tree, 0, size
+        shift = _MIN_SHIFT
+        while size > 1 << (2 * shift):
+            shift += 1
+        self._shift = shift
+        self._blocks = [min(1 << shift, size - i) for i in range(0, size, 1 << shift)]
+        self._dead, self.total = 0, size
 
 
 class Waiter:
