@@ -561,7 +561,10 @@ class SharedCoordinator:
         self, key: str, waiter: _Waiter, enqueue: asyncio.Task[StoreView], *, keep: bool
     ) -> tuple[Lease | None, int]:
         with contextlib.suppress(Exception):  # its error went to the caller already
-            await enqueue  # the withdraw must reach the store after the enqueue
+            # The withdraw must reach the store after the enqueue; the enqueue's pass may
+            # have granted other waiters of ours (a store tells us our own grants only
+            # in its answers).
+            self._learn(await enqueue)
         try:
             out = await self._backend.withdraw(key, keep=keep)
         except StoreUnavailable as exc:
