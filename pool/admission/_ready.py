@@ -59,27 +59,31 @@ class Ranks:
 
     An append-only array of sequence numbers (``array``: one flat block of memory, so a
     bisection reads no scattered objects), a live flag per entry and the live count
-    of each block of ``2**shift`` entries. A removal is a bisection (in C) and two O(1)
-    updates; :meth:`before` adds the counts of the blocks before the entry and counts
-    the live flags of its own block, both in C, over O(√n) items: the blocks are kept
-    no more numerous than the entries of one (their size doubles as the array grows).
-    Compacted when half of it is dead: amortized O(1) per removal.
+    of each block of ``2**shift`` entries. Each waiter knows its entry's index (its
+    *slot*, kept right when the array is compacted), so a removal is two O(1) updates,
+    no search; :meth:`before` bisects (in C), then adds the counts of the blocks before
+    the entry and counts the live flags of its own block, both in C, over O(√n) items:
+    the blocks are kept no more numerous than the entries of one (their size doubles as
+    the array grows). Compacted when half of it is dead: amortized O(1) per removal.
     """
 
-    __slots__ = ("_alive", "_blocks", "_dead", "_seqs", "_shift", "total")
+    __slots__ = ("_alive", "_blocks", "_dead", "_seqs", "_shift", "_waiters", "total")
 
     def __init__(self) -> None:
         self._seqs = array("q")
+        self._waiters: list[Waiter | None] = []  # whose entry each is (None: dead)
         self._alive = bytearray()
         self._blocks: list[int] = []  # live entries in each block of 2**_shift entries
         self._shift = _MIN_SHIFT
         self._dead = 0
         self.total = 0
 
-    def add(self, seq: int) -> None:
-        """Record an arrival; ``seq`` is larger than every one recorded before."""
+    def add(self, seq: int, waiter: Waiter) -> int:
+        """Record an arrival; ``seq`` is larger than every one recorded before. Returns
+        its slot (``waiter.slots`` keeps it, kept right by compactions)."""
         index = len(self._seqs)
         self._seqs.append(seq)
+        self._waiters.append(waiter)
         self._alive.append(1)
         block = index >> self._shift
         if block < len(self._blocks):
@@ -91,14 +95,16 @@ class Ranks:
                 self._blocks = [sum(pairs[i : i + 2]) for i in range(0, len(pairs), 2)]
                 self._shift += 1
         self.total += 1
+        return index
 
-    def remove(self, seq: int) -> None:
-        seqs = self._seqs
-        index = bisect_left(seqs, seq)
-        if index == len(seqs) or seqs[index] != seq or not self._alive[index]:
+    def remove(self, slot: int) -> None:
+        """Remove the arrival at ``slot`` (what :meth:`add` answered, or a compaction
+        set since)."""
+        if not self._alive[slot]:
             return
-        self._alive[index] = 0
-        self._blocks[index >> self._shift] -= 1
+        self._alive[slot] = 0
+        self._waiters[slot] = None
+        self._blocks[slot >> self._shift] -= 1
         self.total -= 1
         self._dead += 1
         if self._dead >= _COMPACT_MIN and self._dead > self.total:
@@ -114,6 +120,10 @@ class Ranks:
         """Drop the dead entries; the blocks are counted again in one linear sweep."""
         alive = self._alive
         self._seqs = array("q", (s for s, live in zip(self._seqs, alive, strict=True) if live))
+        self._waiters = [w for w in self._waiters if w is not None]
+        for slot, waiter in enumerate(self._waiters):
+            assert waiter is not None
+            waiter.slots[waiter.ranks.index(self)] = slot
         size = len(self._seqs)
         self._alive = bytearray(b"\x01" * size)
         shift = _MIN_SHIFT
@@ -127,7 +137,8 @@ class Ranks:
 class Waiter:
     """One waiter as the index sees it."""
 
-    __slots__ = ("ages_at", "batch", "key", "lane", "resources", "seq", "single")
+    __slots__ = ("ages_at", "batch", "key", "lane", "ranks", "resources", "seq", "single",
+                 "slots")  # fmt: skip
 
     def __init__(
         self, key: str, resources: tuple[str, ...], seq: int, batch: bool, ages_at: float
@@ -139,6 +150,8 @@ class Waiter:
         self.ages_at = ages_at
         self.lane: _Lane | None = None  # None while held back by its consumer
         self.single: _Single | None = None
+        self.ranks: tuple[Ranks, ...] = ()  # the order statistics it is counted in...
+        self.slots: list[int] = []  # ...and its entry in each
 
     def order(self, now: float) -> Order:
         return (1 if self.batch and self.ages_at > now else 0, self.seq)
@@ -218,7 +231,15 @@ class GrantIndex:
         now: float,
     ) -> Waiter:
         """Queue a waiter; ``seq`` is larger than every one given before."""
-        waiter = Waiter(key, resources, seq, batch, ages_at)
+        return self.insert(Waiter(key, resources, seq, batch, ages_at), now)
+
+    def get(self, key: str) -> Waiter | None:
+        return self._waiters.get(key)
+
+    def insert(self, waiter: Waiter, now: float) -> Waiter:
+        """Queue ``waiter`` (a store may pass its own subclass, carrying its future);
+        its ``seq`` is larger than every one given before."""
+        key, resources, seq, batch = waiter.key, waiter.resources, waiter.seq, waiter.batch
         self._waiters[key] = waiter
         name = (lane_of(resources), int(batch))
         lane = self._lanes.get(name)
@@ -228,11 +249,14 @@ class GrantIndex:
         waiter.lane = lane
         if len(lane.waiters) == 1:
             self._push(lane, "", waiter.order(now))  # checked at the next pass
+        counted = []
         for r in self._ranked(resources):
             ranks = self._ranks.get((r, int(batch)))
             if ranks is None:
                 ranks = self._ranks[(r, int(batch))] = Ranks()
-            ranks.add(seq)
+            counted.append(ranks)
+            waiter.slots.append(ranks.add(seq, waiter))
+        waiter.ranks = tuple(counted)
         self.work += 1
         return waiter
 
@@ -242,8 +266,8 @@ class GrantIndex:
         if waiter is None:
             return None
         self.work += 1
-        for r in self._ranked(waiter.resources):
-            self._ranks[(r, int(waiter.batch))].remove(waiter.seq)
+        for ranks, slot in zip(waiter.ranks, waiter.slots, strict=True):
+            ranks.remove(slot)
         lane, single = waiter.lane, waiter.single
         if single is not None:
             self._unlist(single)  # its heap entry is stale now
@@ -392,7 +416,7 @@ class GrantIndex:
                 if place:
                     self._woken.add(place)
 
-    def keys(self) -> list[str]:
+    def queued(self) -> list[str]:
         return list(self._waiters)
 
 
