@@ -29,7 +29,7 @@ from typing import cast
 from .._exceptions import BusyError, MisuseError, PoolClosedError
 from ._protocol import AdmissionSnapshot, Lease, WaitTicket
 from ._ready import GrantIndex, Waiter
-from ._rule import BATCH, estimate_wait_s, limit_lookup
+from ._rule import BATCH, estimate_wait_s, is_private, limit_lookup
 from ._values import MemoryValues
 
 _TICKETS_EVERY_S = 0.25  # how often queued waiters' positions and estimates are refreshed
@@ -48,7 +48,7 @@ class _Waiter(Waiter):
     """A waiter of the index that carries its caller's future and ticket (one object,
     one dict entry per waiter: a cancel touches as few as it can)."""
 
-    __slots__ = ("future", "ticket")
+    __slots__ = ("future", "private", "ticket")
 
     def __init__(
         self, key: str, resources: tuple[str, ...], seq: int, ticket: WaitTicket, now: float
@@ -56,6 +56,7 @@ class _Waiter(Waiter):
         batch = ticket.priority == BATCH
         super().__init__(key, resources, seq, batch, now + ticket.ages_after_s)
         self.ticket = ticket
+        self.private = tuple(r for r in resources if is_private(r))
         self.future: asyncio.Future[Lease] = asyncio.get_running_loop().create_future()
 
 
@@ -76,7 +77,9 @@ class MemoryCoordinator:
         self._keys = itertools.count(1)  # waiter and lease ids: unique in this process
         self._turns: deque[str] = deque()  # waiters whose ticket is refreshed, in turn
         self._tickets_timer: asyncio.TimerHandle | None = None
-        self._queued: dict[str, int] = {}  # resource -> waiters that need it
+        # private resource ("consumer:...") -> waiters that need it; the shared ones are
+        # counted by the index (GrantIndex.queued_counts)
+        self._queued: dict[str, int] = {}
         self._batch_waiting = 0
         self._deadlines: list[tuple[float, int, str]] = []  # (when, seq, waiter), lazily
         self._deadline_timer: asyncio.TimerHandle | None = None
@@ -103,7 +106,7 @@ class MemoryCoordinator:
         now = time.monotonic()
         waiter = _Waiter(key, wanted, seq, ticket or WaitTicket(), now)
         self._index.insert(waiter, now)
-        for r in wanted:
+        for r in waiter.private:
             self._queued[r] = self._queued.get(r, 0) + 1
         self._batch_waiting += waiter.batch
         self._assign()
@@ -158,7 +161,7 @@ class MemoryCoordinator:
         return waiter
 
     def _unqueue(self, waiter: _Waiter) -> None:
-        for r in waiter.resources:
+        for r in waiter.private:
             left = self._queued[r] - 1
             if left:
                 self._queued[r] = left
@@ -268,7 +271,7 @@ class MemoryCoordinator:
     async def snapshot(self) -> AdmissionSnapshot:
         return AdmissionSnapshot(
             held=dict(self._held),
-            queued=dict(self._queued),
+            queued={**self._index.queued_counts(), **self._queued},
             limits=dict(self._limits),
             waiting=len(self._index),
             store=self.store,

@@ -44,7 +44,7 @@ import heapq
 import itertools
 from array import array
 from bisect import bisect_left
-from collections import OrderedDict
+from collections import deque
 from collections.abc import Callable, Iterable, MutableMapping
 
 from ._rule import Order, is_private, lane_of
@@ -71,7 +71,7 @@ class Ranks:
 
     def __init__(self) -> None:
         self._seqs = array("q")
-        self._waiters: list[Waiter | None] = []  # whose entry each is (None: dead)
+        self._waiters: list[Waiter] = []  # whose entry each is (dead ones too)
         self._alive = bytearray()
         self._blocks: list[int] = []  # live entries in each block of 2**_shift entries
         self._shift = _MIN_SHIFT
@@ -103,7 +103,6 @@ class Ranks:
         if not self._alive[slot]:
             return
         self._alive[slot] = 0
-        self._waiters[slot] = None
         self._blocks[slot >> self._shift] -= 1
         self.total -= 1
         self._dead += 1
@@ -120,9 +119,8 @@ class Ranks:
         """Drop the dead entries; the blocks are counted again in one linear sweep."""
         alive = self._alive
         self._seqs = array("q", (s for s, live in zip(self._seqs, alive, strict=True) if live))
-        self._waiters = [w for w in self._waiters if w is not None]
+        self._waiters = [w for w, live in zip(self._waiters, alive, strict=True) if live]
         for slot, waiter in enumerate(self._waiters):
-            assert waiter is not None
             waiter.slots[waiter.ranks.index(self)] = slot
         size = len(self._seqs)
         self._alive = bytearray(b"\x01" * size)
@@ -169,17 +167,37 @@ class _Candidate:
 
 
 class _Lane(_Candidate):
-    """Waiters with the same shared resources and class, in arrival (= rank) order."""
+    """Waiters with the same shared resources and class, in arrival (= rank) order.
 
-    __slots__ = ("name", "waiters")
+    A waiter that leaves (granted, cancelled, timed out, taken out) only says so
+    (``waiter.lane = None``, ``live``): it is dropped from the deque when it reaches the
+    front, or when the dead outnumber the living. So a cancel does not touch the deque;
+    if it was the head, the lane's heap entry keeps the old head's order, earlier than
+    the new head's, and the pass ranks it again when it pops it."""
+
+    __slots__ = ("dead", "live", "name", "waiters")
 
     def __init__(self, name: tuple[str, int]) -> None:
         super().__init__()
         self.name = name
-        self.waiters: OrderedDict[str, Waiter] = OrderedDict()
+        self.waiters: deque[Waiter] = deque()
+        self.live = 0
+        self.dead = 0  # left, still in the deque
 
     def head(self) -> Waiter:
-        return next(iter(self.waiters.values()))
+        waiters = self.waiters
+        while waiters[0].lane is not self:
+            waiters.popleft()
+            self.dead -= 1
+        return waiters[0]
+
+    def leave(self, waiter: Waiter) -> None:
+        waiter.lane = None
+        self.live -= 1
+        self.dead += 1
+        if self.dead > self.live + _COMPACT_MIN:  # amortized O(1) per departure
+            self.waiters = deque(w for w in self.waiters if w.lane is self)
+            self.dead = 0
 
 
 class _Single(_Candidate):
@@ -245,9 +263,10 @@ class GrantIndex:
         lane = self._lanes.get(name)
         if lane is None:
             lane = self._lanes[name] = _Lane(name)
-        lane.waiters[key] = waiter
+        lane.waiters.append(waiter)
+        lane.live += 1
         waiter.lane = lane
-        if len(lane.waiters) == 1:
+        if lane.live == 1:
             self._push(lane, "", waiter.order(now))  # checked at the next pass
         counted = []
         for r in self._ranked(resources):
@@ -273,14 +292,10 @@ class GrantIndex:
             self._unlist(single)  # its heap entry is stale now
             waiter.single = None
         elif lane is not None:
-            was_head = next(iter(lane.waiters)) == key
-            del lane.waiters[key]
-            waiter.lane = None
-            if not lane.waiters:
+            lane.leave(waiter)  # if it was the head: see _Lane, and the pass
+            if not lane.live:
                 self._unlist(lane)
                 del self._lanes[lane.name]
-            elif was_head and lane.stamp >= 0:
-                self._push(lane, lane.place, lane.head().order(now))
         return waiter
 
     def freed(self, resources: Iterable[str]) -> None:
@@ -320,6 +335,9 @@ class GrantIndex:
             self.work += 1
             self._unlist(candidate)
             waiter = candidate.head()
+            if waiter.order(now) != order and isinstance(candidate, _Lane):
+                self._push(candidate, candidate.place, waiter.order(now))  # its head left
+                continue
             blocked = _first_full(waiter.resources, held, limit_of, private=False)
             if blocked is not None:  # (1): the lane waits under it
                 self._push(candidate, blocked, order)
@@ -336,7 +354,7 @@ class GrantIndex:
             for r in waiter.resources:  # (2)
                 held[r] = held.get(r, 0) + 1
             self.remove(waiter.key, now)
-            if isinstance(candidate, _Lane) and candidate.waiters:
+            if isinstance(candidate, _Lane) and candidate.live:
                 self._push(candidate, "", candidate.head().order(now))
             granted.append(waiter)
         for name, heap in sources:
@@ -379,9 +397,8 @@ class GrantIndex:
 
     def _take_out(self, lane: _Lane, waiter: Waiter, now: float) -> None:
         """Move a lane's head out of it; the lane goes on with its next waiter."""
-        del lane.waiters[waiter.key]
-        waiter.lane = None
-        if lane.waiters:
+        lane.leave(waiter)
+        if lane.live:
             self._push(lane, "", lane.head().order(now))
         else:
             del self._lanes[lane.name]
@@ -418,6 +435,14 @@ class GrantIndex:
 
     def queued(self) -> list[str]:
         return list(self._waiters)
+
+    def queued_counts(self) -> dict[str, int]:
+        """Shared resource -> waiters that need it (from the order statistics)."""
+        counts: dict[str, int] = {}
+        for (resource, _), ranks in self._ranks.items():
+            if resource and ranks.total:
+                counts[resource] = counts.get(resource, 0) + ranks.total
+        return counts
 
 
 def _first_full(
