@@ -40,8 +40,9 @@ from ..calls import checked_call
 from ..core import RequestContext
 from ..edge import GATE, Boundary, FileOutput, Gate, PredictRequest
 from ..teams import METER, KeyRecord, Keys, Meter
-from ._runner import JobRecord, JobRunner
+from ._runner import JobRunner
 from ._shared import SharedJobStore
+from ._store import JobRecord
 
 _log = logging.getLogger("spacepool.app")
 OWNER = "jobowner:"  # jobowner:<worker> while that worker is alive
