@@ -72,7 +72,6 @@ from .edge import (
     run_sweeper,
 )
 from .gradio import FrontSessions
-from .gradio import event_of as gradio_event_of
 from .gradio import router as gradio_router
 from .jobs import JobRunner, MemoryJobStore, Reclaimer, SharedJobStore
 from .teams import Keys, Usage
@@ -158,7 +157,6 @@ def _start_front(pool: Pool, services: Services, draining: Draining) -> FrontSes
         max_queued=settings.gradio_queue_max_size,
         boundary=services.get(Boundary),
         pool=pool,
-        event_of=gradio_event_of,
         draining=draining,
     ))  # fmt: skip
     front.gate_of = functools.partial(gate_of, services.get(Keys), services.get(Usage))

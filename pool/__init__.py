@@ -71,7 +71,8 @@ from ._exceptions import (
 )
 from ._holdings import Holdings as Holdings  # the service's (see the docstring's end)
 from ._pool import Pool
-from ._request import Prediction, PredictOptions
+from ._request import CallAttempt, Prediction, PredictOptions
+from ._retry import NO_ROOM
 from ._sessions import PoolSession
 from ._settings import PoolSettings
 from ._spaces import Login, SpaceSpec, parse_space, parse_spaces
@@ -133,8 +134,10 @@ async def get_client(
 
 
 __all__ = [
+    "NO_ROOM",
     "AmbiguousEndpoint",
     "BusyError",
+    "CallAttempt",
     "Clock",
     "DeadlineExceeded",
     "Hook",

@@ -41,9 +41,10 @@ from ._exceptions import (
     PoolClosedError,
     UnknownSpace,
 )
-from ._request import Prediction, PredictOptions, RequestPath
+from ._request import CallAttempt, Prediction, PredictOptions, RequestPath
 from ._sessions import PoolSession, Sessions
 from ._settings import PoolSettings
+from ._space_reads import SpaceReads
 from ._spaces import Login, SpaceSpec, parse_spaces, with_logins
 from ._stats import Shared, Stats
 from ._threads import shutdown_executor
@@ -72,6 +73,7 @@ from .resilience import (
 )
 from .routing import Apps, Choice, Router, user_key
 from .transport import (
+    AppInfo,
     FallbackOpener,
     GradioFactory,
     NativeOpener,
@@ -163,6 +165,7 @@ class Pool:
         self._closed = False
         self._http: httpx.AsyncClient | None = None
         self._api_info: dict[str, tuple[object, dict[str, Any]]] = {}  # name → (app_id, info)
+        self._reads = SpaceReads(self.spaces)
 
     @functools.cached_property
     def sessions(self) -> Sessions:
@@ -419,6 +422,41 @@ class Pool:
         with span("spacepool.predict", api_name=api_name, space=space):  # pool/_trace.py
             return await self.requests.predict(api_name, args, options)
 
+    async def call(
+        self,
+        api_name: str | None,
+        *,
+        email: str | None = None,
+        space: str | None = None,
+        timeout: float | None = None,
+        queue_timeout_s: float | None = None,
+        safe_to_retry: bool = False,
+        ticket: WaitTicket | None = None,
+        session: str | PoolSession | None = None,
+        priority: str | None = None,
+    ) -> AsyncIterator[CallAttempt]:
+        """The attempts of one call whose work the caller runs itself (the Gradio
+        front's relayed events), under the rules of :meth:`predict`: its waiting,
+        refusals, retries, deadline and cancellation are the pool's::
+
+            async for attempt in pool.call("/predict", email=email):
+                with attempt:                     # what it raises is judged here
+                    async with attempt.lease() as handle:
+                        ...                       # the work, on an admitted connection
+                    break                         # done
+
+        After an attempt that raised: a refusal for want of room waits in the pool's
+        queue again until the queue timeout; a failure the retry policy repeats is
+        repeated (preferably elsewhere) after its backoff; anything else is raised from
+        the loop. The arguments are :meth:`predict`'s."""
+        options = PredictOptions(
+            email=email, space=space, timeout=timeout, queue_timeout_s=queue_timeout_s,
+            safe_to_retry=safe_to_retry, ticket=ticket, session=session, priority=priority,
+        )  # fmt: skip
+        await self.start()
+        async for attempt in self.requests.calls(api_name, options):
+            yield attempt
+
     async def open_session(
         self, email: str | None, space: str | None = None, *, limit: int | None = None,
         api_name: str | None = None,
@@ -474,6 +512,38 @@ class Pool:
         described = {"space": space, "app_id": app_id, **info}
         self._api_info[space] = (app_id, described)
         return described
+
+    # -- what a Space serves without admission (pool/_space_reads.py) ---------------------
+    async def space_app(self, space: str) -> AppInfo:
+        """The Space's app as last read (config, endpoints, ``app_id``; re-read when it
+        restarts). No slot is taken: it runs nothing on the Space."""
+        await self.start()
+        return await self._reads.app(space)
+
+    async def space_info(self, space: str, params: Mapping[str, str]) -> tuple[int, Any]:
+        """The Space's ``gradio_api/info`` with ``params``: its status and JSON body."""
+        await self.start()
+        return await self._reads.info(space, params)
+
+    @contextlib.asynccontextmanager
+    async def space_file(self, space: str, path: str) -> AsyncIterator[httpx.Response | None]:
+        """The Space's file ``path`` (its ``file=`` route), open for streaming while the
+        context lasts; None when the Space does not serve it."""
+        await self.start()
+        async with self._reads.file(space, path) as response:
+            yield response
+
+    async def space_login(self, space: str, username: str, password: str) -> bool:
+        """Whether the Space's own Gradio login accepts these credentials (its token
+        handed back at once)."""
+        await self.start()
+        return await self._reads.login(space, username, password)
+
+    async def space_cadence(self, space: str) -> float | None:
+        """The Space's heartbeat interval in seconds as measured on its streams; None
+        while not known (then measured in the background)."""
+        await self.start()
+        return await self._reads.cadence(space)
 
     # -- maintenance and statistics (pool/_upkeep.py, pool/_stats.py) -----------------------
     async def health_check(self) -> None:
