@@ -41,8 +41,7 @@ from fastapi import FastAPI
 from opentelemetry.trace import TracerProvider
 from pydantic import ValidationError
 
-from pool import Pool, get_pool
-from pool._tasks import cancel_and_wait
+from pool import Pool, cancel_and_wait, get_pool
 from pool.admission import SharedValues
 
 from .admin import Activity, Readiness, dashboard_router, ops_router, run_sampler
@@ -73,7 +72,6 @@ from .edge import (
     run_sweeper,
 )
 from .gradio import FrontCors, FrontSessions
-from .gradio import event_of as gradio_event_of
 from .gradio import pages_router as gradio_pages_router
 from .gradio import router as gradio_router
 from .jobs import JobRunner, MemoryJobStore, Reclaimer, SharedJobStore
@@ -160,7 +158,6 @@ def _start_front(pool: Pool, services: Services, draining: Draining) -> FrontSes
         max_queued=settings.gradio_queue_max_size,
         boundary=services.get(Boundary),
         pool=pool,
-        event_of=gradio_event_of,
         draining=draining,
     ))  # fmt: skip
     front.gate_of = functools.partial(gate_of, services.get(Keys), services.get(Usage))

@@ -18,7 +18,7 @@ from typing import Any, Literal
 from fastapi import APIRouter, Depends, Query, Request, Response
 
 from pool import InvalidRequest, get_pool
-from pool._consumer import CURRENT
+from pool.admission import CURRENT
 
 from ..core import KeyNotFound, services_of
 from ..edge import EMAIL_MAX_CHARS, ERROR_RESPONSES, is_email, require_admin_token

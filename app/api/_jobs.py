@@ -16,7 +16,7 @@ from fastapi import APIRouter, Depends, Header, Request, Response
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from pool import get_pool
-from pool._consumer import current as current_consumer
+from pool.admission import current as current_consumer
 
 from ..calls import BODY_DOC, CheckedCall, file_output, read_checked
 from ..core import (

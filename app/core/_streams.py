@@ -21,8 +21,8 @@ from typing import Generic, TypeVar
 from fastapi import Request
 
 from pool import UserLimitReached, get_pool
-from pool._consumer import current as current_consumer
-from pool._consumer import identity
+from pool.admission import current as current_consumer
+from pool.admission import identity
 
 from ._services import services_of
 

@@ -33,7 +33,7 @@ from opentelemetry import trace
 from pydantic import SecretStr
 
 from pool import get_pool
-from pool._consumer import CURRENT
+from pool.admission import CURRENT
 
 from ..core import AuthError, context_of, services_of, settings_of
 from ..teams import KEY_PREFIX, METER, OPEN_KEY, TOKEN_KEY, KeyRecord, Keys, Meter, Usage

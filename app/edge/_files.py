@@ -52,7 +52,7 @@ from pathlib import Path
 from typing import IO, Any, Literal
 
 from pool import LocalFile
-from pool._consumer import current as current_consumer
+from pool.admission import current as current_consumer
 
 from ..core import UploadTooLarge
 

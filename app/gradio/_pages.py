@@ -32,6 +32,7 @@ front's routes (:mod:`._routes`): each one a pool call.
 from __future__ import annotations
 
 import collections
+import contextlib
 import html
 import json
 import re
@@ -51,8 +52,8 @@ from fastapi.responses import (
     StreamingResponse,
 )
 
-from pool import get_pool
-from pool.transport import AppInfo, SpaceTransport
+from pool import Pool, get_pool
+from pool.transport import AppInfo
 
 from ..core import AuthError, services_of, settings_of
 from ..edge import require_api_token
@@ -172,8 +173,9 @@ async def page(request: Request) -> Response:
     if (refused := await _refusal(request)) is not None:
         return refused
     scope = _scope(request)
-    name, transport, app = await served(get_pool(), scope)
-    source = await _space_page(name, transport, app)
+    pool = get_pool()
+    name, app = await served(pool, scope)
+    source = await _space_page(pool, name, app)
     front_root = _front_root(request)
     logged_out = await _login.refusal(request, scope) is not None
     try:
@@ -187,14 +189,15 @@ async def page(request: Request) -> Response:
     return response
 
 
-async def _space_page(name: str, transport: SpaceTransport, app: AppInfo) -> str:
+async def _space_page(pool: Pool, name: str, app: AppInfo) -> str:
     """The Space's own page (its root, with the pool's login if it has one), kept
     :data:`PAGE_TTL_S`."""
     key = (name, str(app.app_id))
     kept = _PAGES.get(key)
     if kept is not None and time.monotonic() - kept[0] < PAGE_TTL_S:
         return kept[1]
-    response = await transport.home.send(transport.http, "GET", app.src)
+    async with pool.space_web(name, "") as response:
+        await response.aread()
     if response.status_code != 200:
         raise httpx.HTTPStatusError(f"the Space's page answered {response.status_code}",
                                     request=response.request, response=response)  # fmt: skip
@@ -274,7 +277,7 @@ def _safe(path: str) -> str | None:
 
 def _static(upstream: Callable[[AppInfo, str], str]) -> Callable[[Request], Any]:
     """A route relaying a static file of the served Space (kept by :class:`StaticCache`);
-    ``upstream`` names its URL on the Space from the app and the route's ``path``."""
+    ``upstream`` names its path on the Space from the app and the route's ``path``."""
 
     async def relay(request: Request) -> Response:
         if (refused := await _refusal(request)) is not None:
@@ -282,59 +285,60 @@ def _static(upstream: Callable[[AppInfo, str], str]) -> Callable[[Request], Any]
         path = _safe(str(request.path_params.get("path", "")))
         if path is None:
             return JSONResponse(_NOT_FOUND, status_code=404)
-        name, transport, app = await served(get_pool(), _scope(request))
-        url = upstream(app, path)
+        pool = get_pool()
+        name, app = await served(pool, _scope(request))
+        web = upstream(app, path)
         if request.url.query:
-            url += "?" + request.url.query
-        key = (name, str(app.app_id), url)
+            web += "?" + request.url.query
+        key = (name, str(app.app_id), web)
         cache = _cache(request)
         cached = cache.get(key)
         if cached is not None:
             return Response(cached.body, status_code=cached.status, headers=cached.headers)
-        return await _fetch(cache, key, transport, url)
+        return await _fetch(cache, key, pool, name, web)
 
     return relay
 
 
-async def _fetch(cache: StaticCache, key: tuple[str, ...], transport: SpaceTransport,
-                 url: str) -> Response:  # fmt: skip
-    request = transport.http.build_request("GET", url, headers=transport.home.headers(url))
-    upstream = await transport.http.send(request, stream=True)
-    if upstream.status_code != 200:
-        await upstream.aclose()
-        return JSONResponse(_NOT_FOUND if upstream.status_code == 404 else
-                            {"detail": f"the Space answered HTTP {upstream.status_code}"},
-                            status_code=upstream.status_code)  # fmt: skip
-    headers = {k: v for k in _PASSED if (v := upstream.headers.get(k)) is not None}
-    headers["X-Content-Type-Options"] = "nosniff"
-    chunks: list[bytes] = []
-    size = 0
-    body = upstream.aiter_bytes(64 * 1024)  # decoded (the Space may compress)
+async def _fetch(cache: StaticCache, key: tuple[str, ...], pool: Pool, name: str,
+                 web: str) -> Response:  # fmt: skip
+    """The Space's file ``web``: kept when it is small enough, else streamed through."""
+    stack = contextlib.AsyncExitStack()
     try:
+        upstream = await stack.enter_async_context(pool.space_web(name, web))
+        if upstream.status_code != 200:
+            await stack.aclose()
+            return JSONResponse(_NOT_FOUND if upstream.status_code == 404 else
+                                {"detail": f"the Space answered HTTP {upstream.status_code}"},
+                                status_code=upstream.status_code)  # fmt: skip
+        headers = {k: v for k in _PASSED if (v := upstream.headers.get(k)) is not None}
+        headers["X-Content-Type-Options"] = "nosniff"
+        chunks: list[bytes] = []
+        size = 0
+        body = upstream.aiter_bytes(64 * 1024)  # decoded (the Space may compress)
         async for chunk in body:
             chunks.append(chunk)
             size += len(chunk)
             if size > CACHE_ENTRY_MAX_BYTES:  # too big to keep: the rest streamed through
-                return StreamingResponse(_through(chunks, body, upstream), headers=headers)
+                return StreamingResponse(_through(chunks, body, stack.pop_all()),
+                                         headers=headers)  # fmt: skip
     except BaseException:
-        await upstream.aclose()
+        await stack.aclose()
         raise
-    await upstream.aclose()
+    await stack.aclose()
     kept = Cached(200, headers, b"".join(chunks))
     cache.put(key, kept)
     return Response(kept.body, headers=headers)
 
 
 async def _through(
-    head: list[bytes], rest: AsyncIterator[bytes], upstream: httpx.Response
+    head: list[bytes], rest: AsyncIterator[bytes], stack: contextlib.AsyncExitStack
 ) -> AsyncIterator[bytes]:
-    try:
+    async with stack:
         for chunk in head:
             yield chunk
         async for chunk in rest:
             yield chunk
-    finally:
-        await upstream.aclose()
 
 
 async def upload_progress(request: Request) -> Response:
@@ -352,20 +356,25 @@ async def to_page(request: Request) -> Response:
     return RedirectResponse(request.url.path + "/", status_code=307)
 
 
-# Each route's name under the scope and its URL on the Space (gradio/routes.py).
+def _api(app: AppInfo) -> str:
+    """The Space's API prefix as a path under its address (``gradio_api/``)."""
+    return app.prefixed[len(app.src) :] if app.prefixed.startswith(app.src) else "gradio_api/"
+
+
+# Each route's name under the scope and its path on the Space (gradio/routes.py).
 _FILES: list[tuple[str, Callable[[AppInfo, str], str]]] = [
-    ("/assets/{path:path}", lambda app, path: app.src + "assets/" + urllib.parse.quote(path)),
-    ("/static/{path:path}", lambda app, path: app.src + "static/" + urllib.parse.quote(path)),
-    ("/svelte/{path:path}", lambda app, path: app.src + "svelte/" + urllib.parse.quote(path)),
-    ("/theme.css", lambda app, _: app.src + "theme.css"),
-    ("/gradio_api/theme.css", lambda app, _: app.url("theme.css")),
-    ("/favicon.ico", lambda app, _: app.src + "favicon.ico"),
-    ("/manifest.json", lambda app, _: app.src + "manifest.json"),
-    ("/robots.txt", lambda app, _: app.src + "robots.txt"),
-    ("/pwa_icon", lambda app, _: app.src + "pwa_icon"),
-    ("/pwa_icon/{path}", lambda app, path: app.src + "pwa_icon/" + urllib.parse.quote(path)),
+    ("/assets/{path:path}", lambda app, path: "assets/" + urllib.parse.quote(path)),
+    ("/static/{path:path}", lambda app, path: "static/" + urllib.parse.quote(path)),
+    ("/svelte/{path:path}", lambda app, path: "svelte/" + urllib.parse.quote(path)),
+    ("/theme.css", lambda app, _: "theme.css"),
+    ("/gradio_api/theme.css", lambda app, _: _api(app) + "theme.css"),
+    ("/favicon.ico", lambda app, _: "favicon.ico"),
+    ("/manifest.json", lambda app, _: "manifest.json"),
+    ("/robots.txt", lambda app, _: "robots.txt"),
+    ("/pwa_icon", lambda app, _: "pwa_icon"),
+    ("/pwa_icon/{path}", lambda app, path: "pwa_icon/" + urllib.parse.quote(path)),
     ("/gradio_api/custom_component/{path:path}",
-     lambda app, path: app.url("custom_component/" + urllib.parse.quote(path))),
+     lambda app, path: _api(app) + "custom_component/" + urllib.parse.quote(path)),
 ]  # fmt: skip
 
 

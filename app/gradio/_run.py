@@ -26,13 +26,16 @@ from typing import Any
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
-from pool import InvalidRequest, PoolError, get_pool
+from pool import CallAttempt, InvalidRequest, PoolError, get_pool
+from pool.transport import AppInfo
 
-from ..core import context_of, services_of
-from ..edge import Boundary, pass_gate
+from ..core import context_of
+from ..edge import pass_gate
+from ._event_request import EventRequest
+from ._front_session import FrontSession
 from ._rewrite import rewriter
 from ._routes import _body, _event, _scope, sessions
-from ._space_view import served
+from ._space_view import app_of, served
 
 _COMPLETION_WAIT_S = 5.0  # after the job's end, for its completion message
 
@@ -42,10 +45,11 @@ async def run(request: Request) -> Response:
     body = await _body(request)
     if not isinstance(body, dict):
         raise InvalidRequest("the body must be a JSON object")
+    pool = get_pool()
     if not isinstance(body.get("fn_index"), int):  # by name, as routes.py ``get_fn``
-        _, _, app = await served(get_pool(), _scope(request))
+        _, served_app = await served(pool, _scope(request))
         try:
-            body["fn_index"] = app.endpoint(str(request.path_params["api_name"])).fn_index
+            body["fn_index"] = served_app.endpoint(str(request.path_params["api_name"])).fn_index
         except ValueError as exc:
             raise InvalidRequest(str(exc)) from None
     session_hash = body.get("session_hash")
@@ -54,38 +58,57 @@ async def run(request: Request) -> Response:
     event = await _event(request, body)
     front = sessions(request)
     session = await front.open(_scope(request), session_hash, event.email)
-    loop = asyncio.get_running_loop()
-    completion: asyncio.Future[dict[str, Any]] = loop.create_future()
+    try:
+        # One request path: the pool's attempts (its queue, refusals, retries, queue
+        # timeout), each leased under the session as a queued event is (_front_event.py).
+        async for attempt in pool.call(
+            event.api_name, email=event.email, space=session.scope, session=session.core,
+            queue_timeout_s=event.queue_timeout_s,
+        ):  # fmt: skip
+            with attempt:
+                msg, app = await _attempt(attempt, session, event, request)
+                break
+    finally:
+        session.touch()
+    raw = msg.get("output") or {}
+    files = front.outputs.boundary.saw_outputs(raw)
+    with contextlib.suppress(PoolError):
+        await front.outputs.mark(files)  # made known to the fleet's trust boundary
+    output = rewriter(app.src, event.front_root)(raw)
+    if not msg.get("success", True):
+        return JSONResponse(output, status_code=500)
+    return JSONResponse(output)
+
+
+async def _attempt(
+    attempt: CallAttempt, session: FrontSession, event: EventRequest, request: Request
+) -> tuple[dict[str, Any], AppInfo]:
+    """One attempt: leased under the session (the first admitted event pins it), run
+    at the Space in the session's upstream session; its completion message."""
+    completion: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
 
     def relay(msg: dict[str, Any]) -> None:
         if msg.get("msg") == "process_completed" and not completion.done():
             completion.set_result(msg)
 
-    try:
-        async with front.pool.client(
-            event.email, space=session.scope, session=session.core, api_name=event.api_name,
-            queue_timeout_s=event.queue_timeout_s, avoid=session.avoid,
-        ) as handle:  # fmt: skip
+    async with contextlib.AsyncExitStack() as stack:
+        pinning = session.pinning if session.space is None else contextlib.nullcontext()
+        async with pinning:
+            handle = await stack.enter_async_context(attempt.lease(avoid=session.avoid))
             session.space = context_of(request).space = handle.space
-            await pass_gate()  # its key revoked, or out of Space-seconds: not run
-            _, app = handle.raw.wire()
-            endpoint = app.endpoints.get(event.fn_index)
-            if endpoint is None or endpoint.api_name != event.api_name:  # another replica
-                endpoint = app.endpoint(str(event.api_name))
-            job = await handle.relay(endpoint.fn_index, event.data, relay, event.fields)
+        await pass_gate()  # its key revoked, or out of Space-seconds: not run
+        app = await app_of(session.front.pool, handle.space)
+        endpoint = app.endpoints.get(event.fn_index)
+        if endpoint is None or endpoint.api_name != event.api_name:  # another replica
             try:
-                await job.result()
-            except PoolError:
-                if not completion.done():  # no answer of the Space's to give
-                    raise
-            msg = await asyncio.wait_for(asyncio.shield(completion), _COMPLETION_WAIT_S)
-    finally:
-        session.touch()
-    raw = msg.get("output") or {}
-    files = services_of(request).get(Boundary).saw_outputs(raw)
-    with contextlib.suppress(PoolError):
-        await front.mark_outputs(files)  # made known to the fleet's trust boundary
-    output = rewriter(app.src, event.front_root)(raw)
-    if not msg.get("success", True):
-        return JSONResponse(output, status_code=500)
-    return JSONResponse(output)
+                endpoint = app.endpoint(event.api_name)
+            except ValueError as exc:
+                raise InvalidRequest(f"{handle.space} cannot run this event: {exc}") from None
+        job = await handle.relay(endpoint.fn_index, event.data, relay, event.fields)
+        try:
+            await job.result()
+        except PoolError:
+            if not completion.done():  # no answer of the Space's to give
+                raise
+        msg = await asyncio.wait_for(asyncio.shield(completion), _COMPLETION_WAIT_S)
+    return msg, app

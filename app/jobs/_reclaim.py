@@ -34,9 +34,7 @@ from collections.abc import Callable
 from typing import Any
 
 from pool import get_pool
-from pool._consumer import CURRENT
-from pool.admission import SharedValues
-from pool.admission._ownership import Heartbeat, Holder, Owners, reclaimable
+from pool.admission import CURRENT, Heartbeat, Holder, Owners, SharedValues, reclaimable
 
 from ..calls import checked_call
 from ..core import RequestContext

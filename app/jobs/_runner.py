@@ -51,10 +51,9 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from pool import Partial, WaitTicket, get_pool
-from pool._consumer import current as current_consumer
-from pool._holdings import Holdings
+from pool import Holdings, Partial, WaitTicket, get_pool
 from pool.admission import SharedValues
+from pool.admission import current as current_consumer
 
 from ..calls import CheckedCall, UpstreamView
 from ..core import MAX_TIMEOUT_S, ServiceSettings, describe

@@ -41,9 +41,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import asdict, replace
 from typing import Any, Literal
 
-from pool.admission import SharedValues
-from pool.admission._ownership import Holder, taken_over, write_fenced
-from pool.admission._watch import Changed
+from pool.admission import Changed, Holder, SharedValues, taken_over, write_fenced
 
 from ..edge import FINAL_STAGES
 from ._store import JobRecord, MemoryJobStore

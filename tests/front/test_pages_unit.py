@@ -5,6 +5,7 @@ real browser: tests/browser/test_pages.py."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 from collections.abc import AsyncIterator
@@ -210,8 +211,6 @@ async def test_a_page_behind_the_api_token_says_what_it_needs() -> None:
 async def test_a_static_file_is_kept_or_streamed_by_its_size() -> None:
     """Small files kept (the Space asked once), a file past the bound streamed through
     whole and not kept, a 404 passed on."""
-    from types import SimpleNamespace
-
     from app.gradio._pages import CACHE_ENTRY_MAX_BYTES, _fetch
 
     asked: list[str] = []
@@ -231,15 +230,26 @@ async def test_a_static_file_is_kept_or_streamed_by_its_size() -> None:
             yield big[i : i + 65536]
 
     async with httpx.AsyncClient(transport=httpx.MockTransport(space)) as http:
-        fake: Any = SimpleNamespace(http=http, home=SimpleNamespace(headers=lambda url: {}))
+
+        class Pool:  # the pool's read of a Space's web files (Pool.space_web)
+            @contextlib.asynccontextmanager
+            async def space_web(self, name: str, path: str) -> AsyncIterator[httpx.Response]:
+                request = http.build_request("GET", f"http://space/{path}")
+                response = await http.send(request, stream=True)
+                try:
+                    yield response
+                finally:
+                    await response.aclose()
+
+        fake: Any = Pool()
         cache = StaticCache()
-        small = await _fetch(cache, ("s", "1", "small"), fake, "http://space/small.js")
+        small = await _fetch(cache, ("s", "1", "small"), fake, "s", "small.js")
         assert small.body == b"s" * 100 and small.headers["content-type"] == "text/javascript"
         assert cache.get(("s", "1", "small")) is not None
-        streamed = await _fetch(cache, ("s", "1", "big"), fake, "http://space/big.js")
+        streamed = await _fetch(cache, ("s", "1", "big"), fake, "s", "big.js")
         chunks = streamed.body_iterator  # type: ignore[attr-defined]
         body = b"".join([bytes(c) async for c in chunks])
         assert body == big and cache.get(("s", "1", "big")) is None
-        missing = await _fetch(cache, ("s", "1", "x"), fake, "http://space/x.js")
+        missing = await _fetch(cache, ("s", "1", "x"), fake, "s", "x.js")
         assert missing.status_code == 404
     assert asked == ["/small.js", "/big.js", "/x.js"]
