@@ -391,7 +391,12 @@ async def call_get(request: Request) -> Response:
 
 
 async def login(request: Request) -> Response:
-    return await _login.login(request, _scope(request), _link_root(request))
+    answer = await _login.login(request, _scope(request), _link_root(request))
+    # A page's own login form (a same-origin fetch) says "incorrect credentials" on the
+    # Space's own 400 only; the clients (no Sec-Fetch-Site) read a 401 as wrong ones.
+    if answer.status_code == 401 and request.headers.get("sec-fetch-site") == "same-origin":
+        answer.status_code = 400
+    return answer
 
 
 async def logout(request: Request) -> Response:

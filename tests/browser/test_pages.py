@@ -190,9 +190,12 @@ def test_login_page_then_image_upload(service: ServiceProcess, visit: Visit, tmp
     an image uploaded, flipped by the Space, shown from the front."""
     page = visit.page(f"{service.url}/gradio/locked/")
     expect = _expect()
-    page.get_by_label(re.compile("username", re.I)).fill(CALLER)
-    page.get_by_label(re.compile("password", re.I)).fill(CALLER_PASSWORD)
-    page.get_by_role("button", name=re.compile("login", re.I)).click()
+    for password in ("wrong-password", CALLER_PASSWORD):  # Gradio's form says which
+        page.get_by_label(re.compile("username", re.I)).fill(CALLER)
+        page.get_by_label(re.compile("password", re.I)).fill(password)
+        page.get_by_role("button", name=re.compile("login", re.I)).click()
+        if password != CALLER_PASSWORD:
+            expect(page.get_by_text(re.compile("incorrect credentials", re.I))).to_be_visible()
     expect(page.get_by_role("button", name="flip", exact=True)).to_be_visible()
     image = tmp_path / "dot.png"
     image.write_bytes(_png())
