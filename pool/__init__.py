@@ -39,6 +39,11 @@ connects at import or construction time. Resilience (adaptive window, breakers,
 sleeping Spaces, ``SpaceControl``) lives in :mod:`pool.resilience`; the Gradio wire
 protocol in :mod:`pool.transport` (``POOL_TRANSPORT=gradio_client`` falls back to a
 ``gradio_client.Client`` per connection).
+
+``Holdings``, ``with_logins``, ``cancel_and_wait`` and ``tracer`` are here for the HTTP
+service (app/), which reaches the pool through its faces only — this module and each
+layer's package (docs/architecture.md, Faces) — and are not the library's API
+(``__all__``).
 """
 
 from __future__ import annotations
@@ -71,16 +76,18 @@ from ._exceptions import (
     UpstreamTransportError,
     UserLimitReached,
 )
+from ._holdings import Holdings as Holdings  # the service's (see the docstring's end)
 from ._pool import Pool
 from ._request import CallAttempt, Prediction, PredictOptions
 from ._retry import NO_ROOM
 from ._sessions import PoolSession
 from ._settings import PoolSettings
 from ._spaces import Login, SpaceSpec, parse_space, parse_spaces
+from ._spaces import with_logins as with_logins
+from ._tasks import cancel_and_wait as cancel_and_wait
+from ._trace import tracer as tracer
 from .admission import WaitTicket
-from .connections._downloads import LocalFile, is_file_data
-from .connections._guard import check_outbound
-from .connections._handle import Partial, PooledClient, PooledJob
+from .connections import LocalFile, Partial, PooledClient, PooledJob, check_outbound, is_file_data
 from .transport import (
     ProgressUnit,
     UpstreamDone,

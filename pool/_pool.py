@@ -34,7 +34,7 @@ import httpx
 
 from ._attempt import Attempts
 from ._clock import SYSTEM_CLOCK, Clock
-from ._consumer import scope
+from ._consumer import ANONYMOUS, scope
 from ._events import Hook
 from ._exceptions import (
     MisuseError,
@@ -55,13 +55,12 @@ from .admission import (
     CONSUMER_PREFIX,
     GLOBAL_RESOURCE,
     Coordinator,
+    WaitingCoordinator,
     WaitTicket,
+    new_id,
     open_coordinator,
 )
-from .admission._live_waits import WaitingCoordinator
-from .admission._protocol import new_id
-from .connections._handle import Partial, PooledClient
-from .connections._space_pool import SpacePool
+from .connections import Failover, Partial, PooledClient, SpacePool
 from .resilience import (
     HealthBoard,
     HealthParams,
@@ -72,9 +71,7 @@ from .resilience import (
     Waker,
     resource_cap,
 )
-from .routing._apps import Apps
-from .routing._choice import Choice
-from .routing._routing import ANONYMOUS, Router, user_key
+from .routing import Apps, Choice, Router, user_key
 from .transport import (
     AppInfo,
     FallbackOpener,
@@ -153,9 +150,7 @@ class Pool:
         self.resource_cap = resource_cap()
         self._board: HealthBoard | None = None
         self._waker: Waker | None = None
-        self.router = Router(
-            ttl_s=s.assignment_ttl_s, values=lambda: self.coordinator.values, clock=self.clock.now
-        )
+        self.router = Router(ttl_s=s.assignment_ttl_s, clock=self.clock.now)  # pins: at start
         self.spaces = self._space_pools()
         self.hooks: list[Hook] = []
         self._stats = Stats(
@@ -190,7 +185,13 @@ class Pool:
             coordinator=WaitingCoordinator(self.coordinator, self._stats.live_waits),
             sessions=self.sessions, hooks=self.hooks,
             clock=self.clock, http=self._http, hash_user=self.hash_user,
+            failover=self.failover,
         )  # fmt: skip
+
+    @functools.cached_property
+    def failover(self) -> Failover:
+        """The one failure path (pool/connections/_failover.py)."""
+        return Failover(self.spaces, self.board, self.hooks, self.clock)
 
     @functools.cached_property
     def requests(self) -> RequestPath:
@@ -208,9 +209,7 @@ class Pool:
     def apps(self) -> Apps:
         """The Spaces' apps and replicas; routing's ambiguity check (pool/routing/_apps.py)."""
         return Apps(
-            self.spaces, self.settings.connect_timeout_s,
-            lambda sp, error, *, placed: self.attempts.space_failed(sp, error, placed=placed),
-            self.waker.stage,
+            self.spaces, self.settings.connect_timeout_s, self.failover, self.waker.stage,
         )
 
     def _space_pools(self) -> dict[str, SpacePool]:
@@ -250,6 +249,7 @@ class Pool:
                 allow_evicting_store=s.allow_evicting_store, clock=self.clock.now,
             )  # fmt: skip
         coordinator = self._coordinator
+        self.router.use(coordinator.values)
         await coordinator.set_limits({
             GLOBAL_RESOURCE: s.global_max_concurrent,
             CONSUMER_PREFIX: s.consumer_max_concurrent,

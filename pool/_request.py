@@ -38,9 +38,9 @@ from ._sessions import PoolSession
 from ._settings import PoolSettings
 from ._trace import traced
 from .admission import WaitTicket
-from .connections._handle import Partial, PooledClient, PooledJob
+from .connections import Partial, PooledClient, PooledJob
 from .resilience import RetryPolicy
-from .routing._scheduling import classed_ticket, queue_timeout_for
+from .routing import classed_ticket, queue_timeout_for
 from .transport import UpstreamEvent
 
 _log = logging.getLogger("spacepool")

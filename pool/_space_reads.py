@@ -24,7 +24,7 @@ from typing import Any
 import httpx
 
 from ._exceptions import UnknownSpace, UpstreamError
-from .connections._space_pool import SpacePool
+from .connections import SpacePool
 from .transport import AppInfo, SpaceTransport
 
 

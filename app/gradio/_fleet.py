@@ -11,8 +11,7 @@ import json
 from collections.abc import Callable
 from typing import Any
 
-from pool._consumer import Consumer
-from pool.admission import SharedValues
+from pool.admission import Consumer, SharedValues
 
 from ..edge import Boundary
 

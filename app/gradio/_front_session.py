@@ -26,7 +26,7 @@ from collections.abc import AsyncIterator, Iterator
 from typing import TYPE_CHECKING
 
 from pool import PooledJob, PoolError, SessionNotFound
-from pool._consumer import CURRENT, identity
+from pool.admission import CURRENT, identity
 
 from ._event_request import EventRequest
 from ._fleet import MAX_CANCELS, cancels_key, ids, joins_key

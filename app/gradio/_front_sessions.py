@@ -58,8 +58,7 @@ from collections.abc import Callable, Coroutine
 from typing import Any
 
 from pool import Pool, PoolError, SessionNotFound, UserLimitReached
-from pool._consumer import CURRENT, Consumer, identity
-from pool.admission import SharedValues
+from pool.admission import CURRENT, Consumer, SharedValues, identity
 
 from ..core import Draining
 from ..edge import Boundary, Gate

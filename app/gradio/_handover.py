@@ -14,7 +14,7 @@ import json
 from typing import TYPE_CHECKING, Any
 
 from pool import PoolError
-from pool._consumer import CURRENT, Consumer
+from pool.admission import CURRENT, Consumer
 
 from ..edge import GATE
 from ._event_request import EventRequest, event_of

@@ -32,10 +32,10 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.datastructures import UploadFile
 
 from pool import BusyError, InvalidRequest, PoolError, UserLimitReached, get_pool
-from pool._consumer import CURRENT
+from pool.admission import CURRENT
 from pool.transport import safe_name
 
-from ..core import bounded, context_of, describe, settings_of
+from ..core import bounded, context_of, describe, services_of, settings_of
 from ..edge import (
     EMAIL_MAX_CHARS,
     BadJson,
@@ -47,7 +47,7 @@ from ..edge import (
     upload_id,
     upload_token,
 )
-from ..teams import Keys
+from ..teams import Keys, Usage
 from . import _login, _rest
 from ._event_request import EventRequest, event_of
 from ._front_errors import FrontBusy, FrontUnavailable, NotYours
@@ -78,7 +78,7 @@ async def _token_or_quota(request: Request) -> None:
         request.state.quota_refusal = exc
         # Its session is the key's (users are hashed within their key): as the key's.
         scheme, _, bearer = request.headers.get("authorization", "").partition(" ")
-        keys: Keys | None = getattr(request.app.state, "keys", None)
+        keys = services_of(request).find(Keys)
         if scheme.lower() == "bearer" and keys is not None:
             record = await keys.find(bearer.strip())
             if record is not None:
@@ -89,8 +89,7 @@ _TOKEN = [Depends(_token_or_quota)]
 
 
 def sessions(request: Request) -> FrontSessions:
-    front: FrontSessions = request.app.state.gradio_sessions
-    return front
+    return services_of(request).get(FrontSessions)
 
 
 def _scope(request: Request) -> str | None:
@@ -162,8 +161,7 @@ async def app_id(request: Request) -> Response:
 
 # -- files ---------------------------------------------------------------------------------
 def _store(request: Request) -> FileStore:
-    store: FileStore = request.app.state.files
-    return store
+    return services_of(request).get(FileStore)
 
 
 async def upload(request: Request) -> Response:
@@ -180,7 +178,7 @@ async def upload(request: Request) -> Response:
             name = safe_name(item.filename)
             local = await store.receive(_chunks(item), name, limit)
             token, _ = await asyncio.to_thread(store.keep, local)
-            if (usage := getattr(request.app.state, "usage", None)) is not None:
+            if (usage := services_of(request).find(Usage)) is not None:
                 usage.on_upload(local.size)  # in the key's usage (issue 38)
             paths.append(upload_id(token, name))
     return JSONResponse(paths)
@@ -204,7 +202,7 @@ def _space_path(path: str) -> str | None:
 
 async def file(request: Request) -> Response:
     """``GET file={path}``: an upload of ours, or the Space's file (streamed); inert
-    on this origin either way (app.edge._files.inert_headers)."""
+    on this origin either way (app.edge._serving.inert_headers)."""
     path = str(request.path_params["path"])
     token = upload_token(path)
     if token is not None:
