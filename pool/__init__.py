@@ -24,6 +24,13 @@
             print(event)
     await get_pool().predict("/echo", "hi", 0, on_event=show_event, headers={...})
 
+    async for attempt in get_pool().call("/echo", email=e):   # your own work, the
+        with attempt:                                          # pool's queue, refusals,
+            async with attempt.lease() as client: ...          # retries and deadline
+            break
+    app = await get_pool().space_app("alpha")   # what a Space serves without admission:
+                                                # space_info, space_file, space_login, ...
+
     stats = await get_pool().stats()      # the pool-stats dict
     await get_pool().aclose()             # close every connection
 

@@ -39,7 +39,7 @@ from pool.transport import SessionDropped
 from ..edge import pass_gate
 from ._event_request import EventRequest
 from ._front_errors import failure, refused
-from ._messages import completed_error
+from ._messages import completed_cancelled, completed_error
 from ._rewrite import rewriter
 from ._space_view import app_of
 
@@ -74,6 +74,10 @@ class FrontEvent:
                 queue_timeout_s=event.queue_timeout_s, ticket=ticket,
             ):  # fmt: skip
                 with attempt:
+                    if attempt.number > 1 and event_id in session.cancelled:
+                        # cancelled as a refused join was being made: it never runs
+                        session.outbox.publish(completed_cancelled(event_id))
+                        break
                     if attempt.number > 1:
                         session.queue_again(event_id)
                     await self._attempt(attempt, ticket, starting)

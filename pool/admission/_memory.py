@@ -34,6 +34,7 @@ from ._values import MemoryValues
 
 _TICKETS_EVERY_S = 0.25  # how often queued waiters' positions and estimates are refreshed
 _TICKETS_PER_ROUND = 256  # at most this many per round (each waiter in turn)
+_TIMEOUTS_PER_RUN = 256  # waiters timed out per loop iteration, at most
 
 
 class _TimedOut(Exception):
@@ -218,10 +219,11 @@ class MemoryCoordinator:
             self._deadline_at = at
 
     def _time_out(self) -> None:
-        """Every waiter past its deadline leaves the queue now (it tells its position)."""
+        """The waiters past their deadline leave the queue now (each tells its position),
+        ``_TIMEOUTS_PER_RUN`` at most per loop iteration: the rest in the next ones."""
         self._deadline_timer, self._deadline_at = None, math.inf
-        now, heap, timed_out = time.monotonic(), self._deadlines, False
-        while heap and heap[0][0] <= now:
+        now, heap, timed_out = time.monotonic(), self._deadlines, 0
+        while heap and heap[0][0] <= now and timed_out < _TIMEOUTS_PER_RUN:
             _, _, key = heapq.heappop(heap)
             waiter = cast("_Waiter | None", self._index.get(key))
             if waiter is None or waiter.future.done():
@@ -229,7 +231,7 @@ class MemoryCoordinator:
             position = self._position(key)[0]
             self._forget(key)
             waiter.future.set_exception(_TimedOut(position))
-            timed_out = True
+            timed_out += 1
         if timed_out:
             self._assign()
         self._arm_deadlines()
