@@ -155,8 +155,11 @@ def _spawner_thread() -> ThreadPoolExecutor:
         return _spawner
 
 
-def _popen(command: list[str], stdin: Any, log: IO[bytes]) -> subprocess.Popen[bytes]:
-    """Fork ``command`` from the long-lived spawner thread (see module docstring)."""
+def _popen(
+    command: list[str], stdin: Any, log: IO[bytes], env: dict[str, str] | None = None
+) -> subprocess.Popen[bytes]:
+    """Fork ``command`` from the long-lived spawner thread (see module docstring), in
+    ``env`` (default :func:`child_env`)."""
     return (
         _spawner_thread()
         .submit(
@@ -165,7 +168,7 @@ def _popen(command: list[str], stdin: Any, log: IO[bytes]) -> subprocess.Popen[b
             stdin=stdin,
             stdout=log,
             stderr=subprocess.STDOUT,
-            env=child_env(),
+            env=child_env() if env is None else env,
             cwd=_REPO_ROOT,
             start_new_session=False,
             preexec_fn=_die_with_parent(),  # safe here: see module docstring

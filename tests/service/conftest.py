@@ -27,6 +27,8 @@ import pytest
 
 from app._http import PROTOCOL as HTTP_PROTOCOL
 from devspaces import SpaceFleet, free_port
+from devspaces._zygote import ForkedSpace
+from tests._prefork import spawn_uvicorn
 
 ROOT = Path(__file__).resolve().parents[2]
 ADMIN_TOKEN = "admin-token-for-tests-5b1e"
@@ -73,11 +75,13 @@ class ServiceProcess:
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = log_path
         self._log = log_path.open("wb")
-        command = [sys.executable, "-m", "uvicorn", "app.main:app", "--host", "127.0.0.1"]
-        command += ["--http", HTTP_PROTOCOL]  # as every way the project starts it
-        command += ["--port", str(self.port), "--log-level", "warning", "--workers", str(workers)]
-        self.proc = subprocess.Popen(
-            command,
+        argv = ["app.main:app", "--host", "127.0.0.1"]
+        argv += ["--http", HTTP_PROTOCOL]  # as every way the project starts it
+        argv += ["--port", str(self.port), "--log-level", "warning", "--workers", str(workers)]
+        # One worker: forked by a zygote that imported the libraries (tests/_prefork.py).
+        forked = spawn_uvicorn(argv, env, self._log) if workers == 1 else None
+        self.proc: subprocess.Popen[bytes] | ForkedSpace = forked or subprocess.Popen(
+            [sys.executable, "-m", "uvicorn", *argv],
             cwd=ROOT,
             env=env,
             stdin=subprocess.DEVNULL,
