@@ -12,7 +12,7 @@
 * ``POOL_ADMIN_TOKEN`` unset: a random one is generated and printed once, here — the
   operator's own terminal is the one place a token may be shown.
 * ``POOL_COORDINATOR_URL`` unset: ``memory://`` (this command runs one process).
-* The settings are checked first (app/_startup.py): a malformed one is a line on stderr
+* The settings are checked first (app/core/_startup.py): a malformed one is a line on stderr
   and exit 2, a Redis store that does not answer a line and exit 1, before the banner.
 
 Prints the URL and ready-to-paste curl commands, serves until Ctrl-C, then stops the
@@ -33,8 +33,8 @@ from types import FrameType
 
 import uvicorn
 
-from app import _startup
 from app._http import PROTOCOL as HTTP_PROTOCOL
+from app.core import startup as _startup
 
 DEMO_SPACES = {"alpha": "echo", "chat": "chat", "pic": "image"}  # name -> stand-in kind
 
@@ -124,7 +124,7 @@ def _banner(url: str, generated_token: str | None, *, demo: bool) -> str:
 
 
 def _check_settings() -> int:
-    """The settings checked before the banner (app/_startup.py): each problem and warning
+    """The settings checked before the banner (app/core/_startup.py): each problem and warning
     on one line of stderr; 2 for a malformed setting, 1 for a store that does not answer,
     else 0."""
     problems, warnings = _startup.check_environment(os.environ)

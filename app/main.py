@@ -11,24 +11,24 @@ has the threads and file descriptors it had before the pool was first used.
 
 Behind this module, one concept each:
 
-* :mod:`app._api` — the endpoints, happy paths only;
-* :mod:`app._errors` — every error mapped to a status code, in one place;
-* :mod:`app._auth` — bearer tokens and API keys, the one boundary of both faces;
-  :mod:`app._keys` — API keys (consumers with limits); :mod:`app._usage` — usage per
-  key and user, daily quotas; :mod:`app._team_routes` — ``/api/admin/keys``, ``/usage``;
-* :mod:`app._schemas` — bodies and limits;
-* :mod:`app._jobs` — background jobs behind a small store interface;
-  :mod:`app._shared_jobs` and :mod:`app._reclaim` — jobs every worker reads, and
+* :mod:`app.api._predict` — the endpoints, happy paths only;
+* :mod:`app.core._errors` — every error mapped to a status code, in one place;
+* :mod:`app.edge._auth` — bearer tokens and API keys, the one boundary of both faces;
+  :mod:`app.teams._keys` — API keys (consumers with limits); :mod:`app.teams._usage` — usage per
+  key and user, daily quotas; :mod:`app.admin._teams` — ``/api/admin/keys``, ``/usage``;
+* :mod:`app.edge._schemas` — bodies and limits;
+* :mod:`app.jobs._runner` — background jobs behind a small store interface;
+  :mod:`app.jobs._shared` and :mod:`app.jobs._reclaim` — jobs every worker reads, and
   reclaims from a lost worker;
-* :mod:`app._inputs` — request bodies, JSON or multipart, and file arguments;
-* :mod:`app._filestore` — output files: the download folder, ``/api/files/{token}``;
-* :mod:`app._spaces` — discovery: ``/api/spaces``, ``/api/spaces/{name}/api``;
-* :mod:`app._session_routes` — ``/api/sessions``: conversations that keep a Space's state;
-* :mod:`app._streaming` — ``POST /api/predict`` answered as Server-Sent Events;
-* :mod:`app._metrics` — Prometheus; :mod:`app._logging` — JSON access log;
-* :mod:`app._limits` — request body size cap; :mod:`app._settings` — the knobs;
-* :mod:`app._gradio` — ``/gradio/{alias}/`` and ``/gradio/``: the Gradio API itself;
-* :mod:`app._dashboard` — ``GET /admin``, the page; :mod:`app._history` — the rolling
+* :mod:`app.calls._inputs` — request bodies, JSON or multipart, and file arguments;
+* :mod:`app.edge._files` — output files: the download folder, ``/api/files/{token}``;
+* :mod:`app.api._spaces` — discovery: ``/api/spaces``, ``/api/spaces/{name}/api``;
+* :mod:`app.api._sessions` — ``/api/sessions``: conversations that keep a Space's state;
+* :mod:`app.api._streaming` — ``POST /api/predict`` answered as Server-Sent Events;
+* :mod:`app.core._metrics` — Prometheus; :mod:`app.core._logging` — JSON access log;
+* :mod:`app.core._limits` — request body size cap; :mod:`app.core._settings` — the knobs;
+* :mod:`app.gradio` — ``/gradio/{alias}/`` and ``/gradio/``: the Gradio API itself;
+* :mod:`app.admin._dashboard` — ``GET /admin``, the page; :mod:`app.admin._history` — the rolling
   activity (requests per minute, error classes, queue history) it and pool-stats show.
 """
 
@@ -50,34 +50,38 @@ from pool import Pool, get_pool
 from pool._tasks import cancel_and_wait
 from pool.admission import SharedValues
 
-from . import _errors, _startup, _tracing
-from ._api import router
-from ._auth import gate_of
-from ._boundary import Boundary
-from ._dashboard import router as dashboard_router
-from ._draining import Draining
-from ._filestore import FileOutput, FileStore, run_sweeper
-from ._filestore import router as files_router
-from ._gradio import FrontSessions
-from ._gradio import event_of as gradio_event_of
-from ._gradio import router as gradio_router
-from ._history import Activity, run_sampler
-from ._jobs import JobRunner, MemoryJobStore
-from ._keys import Keys
-from ._limits import BodySizeLimit
-from ._logging import AccessLog, configure_logging
-from ._metrics import on_pool_event
-from ._readiness import Readiness
-from ._reclaim import Reclaimer
-from ._schemas import PredictRequest
-from ._session_routes import router as sessions_router
-from ._settings import ServiceSettings, outbound_port_problem
-from ._shared_jobs import SharedJobStore
-from ._spaces import router as spaces_router
-from ._streams import StreamCaps
-from ._team_routes import router as team_router
-from ._tracing import TraceRequests
-from ._usage import Usage
+from .admin import Activity, Readiness, dashboard_router, run_sampler
+from .admin import teams_router as team_router
+from .api import predict_router as router
+from .api import sessions_router, spaces_router
+from .core import (
+    AccessLog,
+    BodySizeLimit,
+    Draining,
+    ServiceSettings,
+    StreamCaps,
+    TraceRequests,
+    configure_logging,
+    on_pool_event,
+    outbound_port_problem,
+)
+from .core import errors as _errors
+from .core import startup as _startup
+from .core import tracing as _tracing
+from .edge import (
+    Boundary,
+    FileOutput,
+    FileStore,
+    PredictRequest,
+    files_router,
+    gate_of,
+    run_sweeper,
+)
+from .gradio import FrontSessions
+from .gradio import event_of as gradio_event_of
+from .gradio import router as gradio_router
+from .jobs import JobRunner, MemoryJobStore, Reclaimer, SharedJobStore
+from .teams import Keys, Usage
 
 _log = logging.getLogger("spacepool.app")
 
@@ -122,7 +126,7 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
     keys = app.state.keys = Keys(lambda: pool.coordinator.values)
     await keys.start()
     usage = app.state.usage = Usage(lambda: pool.coordinator.values)
-    app.state.streams = StreamCaps(settings.max_streams_per_caller)  # app/_streams.py
+    app.state.streams = StreamCaps(settings.max_streams_per_caller)  # app/core/_streams.py
     pool.hooks.append(usage.on_event)
     usage.start()
     readiness = app.state.readiness = Readiness()
@@ -197,9 +201,9 @@ def _job_runner(
     boundary: Boundary, keys: Keys, usage: Usage,
 ) -> tuple[JobRunner, asyncio.Task[None]]:  # fmt: skip
     """The job runner; with a shared coordinator, jobs every worker reads, cancels and
-    reclaims from a lost worker (app._reclaim), and the task that heartbeats for it."""
+    reclaims from a lost worker (app.jobs._reclaim), and the task that heartbeats for it."""
 
-    def values() -> SharedValues:  # where each user's jobs are counted (app/_jobs.py)
+    def values() -> SharedValues:  # where each user's jobs are counted (app/jobs/_runner.py)
         return pool.coordinator.values
 
     if pool.coordinator.store == "memory":
@@ -253,7 +257,7 @@ def create_app(settings: ServiceSettings | None = None) -> FastAPI:
         max_bytes=settings.max_body_bytes,
         multipart_max_bytes=settings.max_body_bytes + settings.max_upload_bytes,
     )
-    app.add_middleware(TraceRequests)  # one span per request (app/_tracing.py)
+    app.add_middleware(TraceRequests)  # one span per request (app/core/_tracing.py)
     app.add_middleware(AccessLog, internal_error=_errors.internal_error)  # outermost
     app.include_router(router)
     app.include_router(files_router)

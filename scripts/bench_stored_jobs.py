@@ -56,7 +56,7 @@ RETENTION_S = 3600.0
 
 
 def job_json(job_id: str) -> str:
-    """A finished job's mirror as app/_shared_jobs.py writes it (same fields)."""
+    """A finished job's mirror as app/jobs/_shared.py writes it (same fields)."""
     return json.dumps({
         "job_id": job_id, "stage": "done", "created_at": time.time(), "version": 7,
         "queue_position": None, "space": "alpha", "result": "alpha: " + "x" * 300,

@@ -12,7 +12,7 @@ import os
 import signal
 import time
 
-from app._errors import describe
+from app.core._errors import describe
 from devspaces import SpaceFleet, SpaceProcess
 from pool import LeaseLost, Pool, PoolSettings
 

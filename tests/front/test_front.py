@@ -301,7 +301,7 @@ def test_a_stop_signal_ends_endless_streams_and_the_service_stops_at_once(
     front_fleet: SpaceFleet, tmp_path: Path
 ) -> None:
     """A heartbeat stream never ends by itself, nor does an idle data stream a client keeps
-    open; SIGTERM ends both (app/_draining.py: the data stream with ``close_stream``, so
+    open; SIGTERM ends both (app/core/_draining.py: the data stream with ``close_stream``, so
     that the client opens a new one at its next event) and the service stops without
     waiting for them — the harness's uvicorn has no --timeout-graceful-shutdown: without
     that it would wait until killed."""

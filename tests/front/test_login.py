@@ -104,8 +104,8 @@ def test_wrong_credentials_are_a_401(service: ServiceProcess) -> None:
 def test_repeated_failed_logins_are_held_for_that_caller_and_user(service: ServiceProcess) -> None:
     """FAILURES_MAX wrong passwords for one user from one address: the next login as that
     user — even with the right password — is a 429 with Retry-After; another user from
-    the same address still logs in (app/_gradio/_login.py)."""
-    from app._gradio._login import FAILURE_WINDOW_S, FAILURES_MAX
+    the same address still logs in (app/gradio/_login.py)."""
+    from app.gradio._login import FAILURE_WINDOW_S, FAILURES_MAX
 
     with httpx.Client(base_url=f"{service.url}/gradio/locked", timeout=DEADLINE_S) as http:
         for _ in range(FAILURES_MAX):

@@ -12,8 +12,9 @@ from typing import Any
 import httpx
 import pytest
 
-from app._errors import IdempotencyKeyReused
-from app._idempotency import (
+from app.core._errors import IdempotencyKeyReused
+from app.edge._schemas import PredictRequest
+from app.jobs._idempotency import (
     CREATING_TTL_S,
     accept,
     caller_of,
@@ -21,7 +22,6 @@ from app._idempotency import (
     release,
     reserve,
 )
-from app._schemas import PredictRequest
 from devspaces import SpaceFleet
 from pool.admission import open_coordinator
 from pool.admission._values import MemoryValues

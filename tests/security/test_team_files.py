@@ -8,7 +8,7 @@ from __future__ import annotations
 import itertools
 from pathlib import Path
 
-from app._filestore import FileStore
+from app.edge._files import FileStore
 from pool import LocalFile
 from pool._consumer import CURRENT, Consumer
 

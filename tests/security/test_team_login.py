@@ -16,7 +16,7 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from app._gradio._login import ADDRESS_FAILURES_MAX, FAILURES_MAX
+from app.gradio._login import ADDRESS_FAILURES_MAX, FAILURES_MAX
 from devspaces import LOGIN_USERS, SpaceProcess
 from tests.service.conftest import ServiceProcess, service_env
 

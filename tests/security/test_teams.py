@@ -191,7 +191,8 @@ async def test_f5_a_key_under_its_share_of_the_front_is_never_refused(
 
 async def test_f12_open_streams_per_caller_are_capped(start_service: ServiceFactory) -> None:
     """POOL_MAX_STREAMS_PER_CALLER=2: A's third open job-event stream is 429
-    too_many_streams, B's is served; one of A's closed, A opens one again (before: no cap)."""
+    too_many_streams, and so are A's streamed predict and front REST result; B's are
+    served; one of A's closed, A opens one again (before: no cap)."""
     capped = start_service(POOL_MAX_STREAMS_PER_CALLER="2")
     made = []
     async with capped.client(**admin_headers()) as admin:
@@ -212,10 +213,23 @@ async def test_f12_open_streams_per_caller_are_capped(start_service: ServiceFact
                 third = await client.get(f"{url}/events", headers=bearer(a))
                 assert third.status_code == 429, third.text
                 assert third.json()["error"] == "too_many_streams"
+                # Every SSE answer counts: a streamed predict and a front REST result too.
+                streamed = await client.post("/api/predict", headers=bearer(a), json={
+                    "api_name": "/echo", "args": ["s", 0], "stream": True})  # fmt: skip
+                assert streamed.status_code == 429, streamed.text
+                call = await client.post("/gradio/alpha/gradio_api/call/echo",
+                                         headers=bearer(a), json={"data": ["r", 0]})
+                assert call.status_code == 200, call.text
+                result = await client.get(f"/gradio/alpha/gradio_api/call/echo/"
+                                          f"{call.json()['event_id']}", headers=bearer(a))
+                assert result.status_code == 429, result.text
                 quick = {"api_name": "/echo", "args": ["b", 0]}
                 theirs = await client.post("/api/jobs", headers=bearer(b), json=quick)
                 events = await client.get(f"{theirs.json()['url']}/events", headers=bearer(b))
                 assert events.status_code == 200  # B's streams are B's own count
+                mine = await client.post("/api/predict", headers=bearer(b), json={
+                    "api_name": "/echo", "args": ["s", 0], "stream": True})  # fmt: skip
+                assert mine.status_code == 200 and "done" in mine.text, mine.text
         again = await client.get(url, headers=bearer(a))  # the cap does not touch reads
         assert again.status_code == 200
         deadline = time.monotonic() + 10  # given back once the server sees them closed
@@ -271,3 +285,54 @@ async def test_f12_key_names_are_unique(
         assert renamed.status_code == 409
         same = await admin.patch(f"/api/admin/keys/{a['id']}", json={"name": a["name"]})
         assert same.status_code == 200, same.text
+
+
+async def test_f12_a_name_is_taken_once_by_admins_at_once(service: ServiceProcess) -> None:
+    """Eight creates of one new name at once (two admins, or one admin's retries): one
+    201, seven 409 (before: the check read each worker's copy, and several were made);
+    the name is free again once its key is revoked."""
+    name = f"race-{time.monotonic_ns()}"
+    async with service.client(**admin_headers()) as admin:
+        made = await asyncio.gather(*(
+            admin.post("/api/admin/keys", json={"name": name, "max_concurrent": 1})
+            for _ in range(8)
+        ))  # fmt: skip
+        codes = sorted(r.status_code for r in made)
+        assert codes == [201] + [409] * 7, [r.text for r in made]
+        key_id = next(r.json()["id"] for r in made if r.status_code == 201)
+        assert (await admin.delete(f"/api/admin/keys/{key_id}")).status_code in (200, 204)
+        again = await admin.post("/api/admin/keys", json={"name": name, "max_concurrent": 1})
+        assert again.status_code == 201, again.text
+
+
+async def test_f10_front_uploads_count_in_the_keys_usage(
+    service: ServiceProcess, keys: tuple[dict[str, Any], dict[str, Any]]
+) -> None:
+    """Two files uploaded to the front with key B: B's usage shows 2 uploads and their
+    bytes (not calls), A's none of them; the CSV and /metrics carry them too (before:
+    front uploads were in no usage)."""
+    a, b = keys
+
+    async def totals(admin: httpx.AsyncClient, key: str) -> tuple[int, int, int]:
+        hours = (await admin.get("/api/admin/usage", params={"key": key})).json()["hours"]
+        return (sum(h["uploads"] for h in hours), sum(h["upload_bytes"] for h in hours),
+                sum(h["calls"] for h in hours))  # fmt: skip
+
+    async with service.client(**admin_headers()) as admin:
+        before_a, before_b = await totals(admin, a["id"]), await totals(admin, b["id"])
+    async with service.client() as client:
+        sent = await client.post(
+            "/gradio/alpha/gradio_api/upload", headers=bearer(b),
+            files=[("files", ("one.txt", b"x" * 1000, "text/plain")),
+                   ("files", ("two.txt", b"y" * 234, "text/plain"))],
+        )  # fmt: skip
+        assert sent.status_code == 200, sent.text
+    async with service.client(**admin_headers()) as admin:
+        after_a, after_b = await totals(admin, a["id"]), await totals(admin, b["id"])
+        csv_b = (await admin.get("/api/admin/usage", params={"key": b["id"], "format": "csv"}))
+        metrics = (await admin.get("/metrics")).text
+    assert after_b[0] - before_b[0] == 2 and after_b[1] - before_b[1] == 1234
+    assert after_b[2] == before_b[2]  # an upload is not a call
+    assert after_a == before_a
+    assert "upload_bytes" in csv_b.text.splitlines()[0]
+    assert 'spacepool_key_upload_bytes_total{key="team-b"}' in metrics

@@ -5,7 +5,7 @@ The page must show nothing from the pool without the admin token, follow load wi
 a couple of polls (in-use bars, queue chart), say every figure exactly as
 ``/api/admin/pool-stats`` says it, mark itself stale when updates stop, and stay usable
 by keyboard and at phone width. The rolling activity behind the extra pool-stats keys
-(:mod:`app._history`) is checked on its own with a fake clock.
+(:mod:`app.admin._history`) is checked on its own with a fake clock.
 
 Without Chromium (or the playwright package) the browser tests skip with the reason;
 with ``CI=true`` they fail instead, so CI cannot pass without running them.
@@ -25,7 +25,7 @@ from typing import Any
 
 import pytest
 
-from app._history import MAX_CLASSES, RATE_S, SAMPLE_S, WINDOW_S, Activity
+from app.admin._history import MAX_CLASSES, RATE_S, SAMPLE_S, WINDOW_S, Activity
 from devspaces import SpaceFleet
 from pool import PoolEvent
 

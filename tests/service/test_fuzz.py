@@ -30,8 +30,8 @@ from schemathesis.checks import not_a_server_error
 from schemathesis.generation.meta import FuzzingPhaseData
 from schemathesis.specs.openapi.checks import negative_data_rejection, positive_data_acceptance
 
-from app._jobs import JobRunner
-from app._settings import ServiceSettings
+from app.core._settings import ServiceSettings
+from app.jobs._runner import JobRunner
 from app.main import create_app
 from devspaces import SpaceFleet
 from pool import Pool, PoolSettings, set_pool

@@ -7,8 +7,8 @@ from collections.abc import Iterator
 import pytest
 from starlette.requests import Request
 
-from app._inputs import identity_headers
-from app._settings import ServiceSettings
+from app.calls._inputs import identity_headers
+from app.core._settings import ServiceSettings
 from devspaces import SpaceFleet, SpaceProcess
 from tests.service.conftest import ServiceProcess, admin_headers, service_env
 

@@ -13,8 +13,8 @@ from typing import Any
 import httpx
 import pytest
 
-from app._errors import JobsFull
-from app._jobs import JobRecord, MemoryJobStore
+from app.core._errors import JobsFull
+from app.jobs._runner import JobRecord, MemoryJobStore
 from devspaces import SpaceFleet
 
 from .conftest import ServiceFactory, ServiceProcess, admin_headers, eventually

@@ -371,7 +371,7 @@ async def test_a_space_seconds_quota_refuses_once_the_held_time_reaches_it(
 def test_one_keys_hour_keeps_a_bounded_number_of_users_apart() -> None:
     """Past MAX_USERS users in one key's hour, the rest add up under "other": the value
     written back stays bounded however many users an open service sees."""
-    from app._usage import MAX_USERS, OTHER_USERS, Figures, _Bucket, _merge
+    from app.teams._usage import MAX_USERS, OTHER_USERS, Figures, _Bucket, _merge
 
     bucket = _Bucket("open")
     for n in range(MAX_USERS + 50):

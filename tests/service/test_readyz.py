@@ -9,7 +9,7 @@ import uuid
 
 import httpx
 
-from app._settings import outbound_port_problem
+from app.core._settings import outbound_port_problem
 from devspaces import SpaceFleet, free_port
 from tests.chaos._infra import PrivateRedis, private_redis  # noqa: F401  (a fixture)
 

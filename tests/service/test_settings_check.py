@@ -1,4 +1,4 @@
-"""Settings checked at start (app/_startup.py): a mistake is one clear line before the
+"""Settings checked at start (app/core/_startup.py): a mistake is one clear line before the
 banner, a likely mistake a warning, an unreachable store or Space named."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from app._startup import check_environment, hide_password
+from app.core._startup import check_environment, hide_password
 from devspaces import free_port
 
 from .conftest import ServiceProcess, service_env

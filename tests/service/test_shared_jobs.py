@@ -15,9 +15,9 @@ import httpx
 import pytest
 from fastapi import FastAPI
 
-from app._jobs import JobRecord, MemoryJobStore
-from app._settings import ServiceSettings
-from app._shared_jobs import SharedJobStore
+from app.core._settings import ServiceSettings
+from app.jobs._runner import JobRecord, MemoryJobStore
+from app.jobs._shared import SharedJobStore
 from app.main import create_app
 from devspaces import SpaceFleet
 from pool import Pool, PoolSettings, set_pool

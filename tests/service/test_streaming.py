@@ -16,9 +16,9 @@ import httpx
 import pytest
 from fastapi import FastAPI
 
-from app._jobs import JobRecord, MemoryJobStore
-from app._settings import ServiceSettings
-from app._streaming import LatestEvents
+from app.api._streaming import LatestEvents
+from app.core._settings import ServiceSettings
+from app.jobs._runner import JobRecord, MemoryJobStore
 from app.main import create_app
 from devspaces import SpaceProcess
 from pool import Partial, Pool, PoolSettings, set_pool

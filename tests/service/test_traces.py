@@ -19,7 +19,7 @@ from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from app._settings import ServiceSettings
+from app.core._settings import ServiceSettings
 from devspaces import SpaceProcess, free_port
 from pool import Pool, PoolSettings, set_pool
 from pool._trace import use_provider

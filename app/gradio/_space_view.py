@@ -1,0 +1,123 @@
+"""What the front reads from the Spaces: their config and API, their files.
+
+No admission here: reading a Space's config, API or a file runs nothing on it (as
+``Pool.endpoints``). The Space's own URLs never reach the caller: every string that
+starts with the Space's address is rewritten to the service's (:func:`rewriter`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import urllib.parse
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+
+from pool import NoHealthySpaceError, Pool, UnknownSpace
+from pool.transport import AppInfo, ProtocolNotSupported, SpaceTransport, safe_name
+
+from ..edge import inert_headers
+from ._front_sessions import FrontUnavailable
+from ._rewrite import rewriter
+
+_PASSED_HEADERS = ("content-type", "content-length")
+
+
+async def transport_of(pool: Pool, name: str) -> tuple[SpaceTransport, AppInfo]:
+    """The Space's HTTP transport and its app as last read (the pool re-reads it when
+    the Space restarts); a connection is opened if the Space has none yet (no slot is
+    taken)."""
+    await pool.start()
+    sp = pool.spaces.get(name)
+    if sp is None:
+        raise UnknownSpace(name, list(pool.spaces))
+    conn = sp.current_connection()
+    leased = None
+    if conn is None:
+        leased = conn = await sp.checkout()
+    try:
+        try:
+            return conn.client.wire()
+        except ProtocolNotSupported:
+            raise FrontUnavailable("the Gradio front needs POOL_TRANSPORT=native") from None
+    finally:
+        if leased is not None:
+            sp.checkin(leased, discard=False)
+
+
+class SeveralApps(Exception):
+    """The pool's scope (``/gradio/``) over Spaces of different apps: no one config is
+    theirs; each app is served under ``/gradio/{alias}/``."""
+
+    def __init__(self, apps: dict[str, list[str]]) -> None:
+        listing = "; ".join(
+            f"{app}: " + ", ".join(f"/gradio/{name}/" for name in names)
+            for app, names in apps.items()
+        )
+        super().__init__(
+            f"this service's Spaces are {len(apps)} different apps, so /gradio/ serves none"
+            f" of them: use an app's own URL ({listing})"
+        )
+        self.apps = apps
+
+
+async def served(pool: Pool, scope: str | None) -> tuple[str, SpaceTransport, AppInfo]:
+    """The Space whose config a scope serves: the alias, or for the pool the first
+    configured Space that answers when the pool's Spaces are replicas of one app
+    (:class:`SeveralApps` otherwise)."""
+    if scope is not None:
+        return (scope, *await transport_of(pool, scope))
+    await pool.start()
+    if len(pool.spaces) > 1:
+        await pool.apps.discover(lambda name: True)  # each Space's API, once
+        if len(apps := pool.apps.apps()) > 1:
+            raise SeveralApps(apps)
+    last: Exception | None = None
+    for name, sp in pool.spaces.items():
+        if not sp.is_up():
+            continue
+        try:
+            return (name, *await transport_of(pool, name))
+        except FrontUnavailable:
+            raise
+        except Exception as exc:
+            last = exc
+    raise NoHealthySpaceError(
+        f"no Space answers ({type(last).__name__ if last else 'all down'})", retry_after_s=5.0
+    )
+
+
+def front_config(app: AppInfo, front_root: str) -> dict[str, Any]:
+    """The Space's config as the client must see it: ``root`` is the service's, so
+    the JS client sends every later request to it (client/js/src/helpers/init_helpers.ts
+    ``resolve_config``); no Space address left inside."""
+    config = rewriter(app.src, front_root)(copy.deepcopy(app.config))
+    config["root"] = front_root.rstrip("/")
+    return dict(config)
+
+
+@contextlib.asynccontextmanager
+async def open_file(
+    transport: SpaceTransport, app: AppInfo, path: str
+) -> AsyncIterator[httpx.Response | None]:
+    """The Space's ``file=`` response for ``path`` (gradio/routes.py ``file``), open
+    for streaming; None when the Space does not serve it."""
+    url = app.url("file=" + urllib.parse.quote(path, safe="/"))
+    # The home replica's cookies (pool/transport/_affinity.py): the front cannot tell
+    # which session, hence which replica, made the file.
+    request = transport.http.build_request("GET", url, headers=transport.home.headers(url))
+    response = await transport.http.send(request, stream=True)
+    try:
+        yield response if response.status_code == 200 else None
+    finally:
+        await response.aclose()
+
+
+def file_headers(response: httpx.Response, path: str) -> dict[str, str]:
+    """A Space's file as this service serves it: length and type passed on, made
+    inert on this origin (:func:`app._filestore.inert_headers`)."""
+    mime = response.headers.get("content-type", "application/octet-stream")
+    passed = {k: v for k in _PASSED_HEADERS if (v := response.headers.get(k)) is not None}
+    return {**passed, **inert_headers(mime, safe_name(path.rsplit("/", 1)[-1]))}
