@@ -27,9 +27,11 @@ import atexit
 import contextlib
 import ctypes
 import ctypes.util
+import functools
 import os
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import tempfile
@@ -212,8 +214,18 @@ def _spawn(command: list[str], log: IO[bytes]) -> subprocess.Popen[bytes] | Fork
 _ZYGOTE_ON = os.environ.get("DEVSPACES_ZYGOTE", "1") != "0"
 
 
+@functools.cache
+def _tls() -> ssl.SSLContext:
+    """One TLS context per process (httpx's default: certifi's bundle). A client made
+    without one loads the CA bundle again, ~25 ms of CPU, and a test polls stats() and
+    control() hundreds of times; the Spaces are plain HTTP, the context is never used."""
+    import certifi
+
+    return ssl.create_default_context(cafile=certifi.where())
+
+
 def _http() -> httpx.Client:
-    return httpx.Client(trust_env=False, timeout=httpx.Timeout(5.0))
+    return httpx.Client(trust_env=False, timeout=httpx.Timeout(5.0), verify=_tls())
 
 
 class SpaceProcess:

@@ -12,8 +12,9 @@ What stays as it was: each service is its own process (own pid, port, log file; 
 killed and frozen with real signals), started with the environment the test gave it.
 A library may read the environment when it is imported (huggingface_hub does), so a
 zygote serves only services whose environment, but for the ``POOL_*`` settings (read by
-the service at start-up, never at import), is the one it was started with; another
-environment gets a zygote of its own (a test process rarely sees more than two). Not
+the service at start-up, never at import) and ``PYTEST_CURRENT_TEST``, is the one it was
+started with; another environment gets a zygote of its own (a test process rarely sees
+more than two). Not
 forked: ``--workers`` above 1 (uvicorn spawns those itself), and every service when
 ``SPACEPOOL_TEST_PREFORK=0``.
 """
@@ -75,8 +76,12 @@ def main() -> int:
 # The test process's side ------------------------------------------------------------------
 
 
+# Read at run time only: POOL_* (the service's settings) and pytest's note of the test
+# running (it changes with every test; a service gets its own value all the same).
 def _key(env: dict[str, str]) -> frozenset[tuple[str, str]]:
-    return frozenset((k, v) for k, v in env.items() if not k.startswith("POOL_"))
+    return frozenset(
+        (k, v) for k, v in env.items() if not k.startswith("POOL_") and k != "PYTEST_CURRENT_TEST"
+    )
 
 
 _zygotes: dict[frozenset[tuple[str, str]], Zygote] = {}

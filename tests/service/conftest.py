@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import importlib.util
 import json
 import os
 import signal
+import ssl
 import subprocess
 import sys
 import time
@@ -67,6 +69,20 @@ async def eventually(
     return time.monotonic() - started
 
 
+@functools.cache
+def tls() -> ssl.SSLContext:
+    """One TLS context per test process, as httpx would make it (SSL_CERT_FILE /
+    SSL_CERT_DIR, else certifi), for the tests' httpx clients: a client made without
+    one loads the CA bundle again, ~25-30 ms of CPU each (a service start polled
+    /healthz every 50 ms with a new client: most of a core while it waited)."""
+    cafile, capath = os.environ.get("SSL_CERT_FILE"), os.environ.get("SSL_CERT_DIR")
+    if cafile or capath:
+        return ssl.create_default_context(cafile=cafile, capath=capath)
+    import certifi
+
+    return ssl.create_default_context(cafile=certifi.where())
+
+
 class ServiceProcess:
     """``uvicorn app.main:app`` in a child process on a free loopback port."""
 
@@ -89,19 +105,20 @@ class ServiceProcess:
             stderr=subprocess.STDOUT,
         )
         deadline = time.monotonic() + 90  # imports are slow on a busy 2-core machine
-        while True:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"service exited at start:\n{self.log_text()[-3000:]}")
-            with contextlib.suppress(httpx.TransportError):
-                if (
-                    httpx.get(f"{self.url}/healthz", timeout=1).status_code == 200
-                    and len(self.ready_pids()) >= workers
-                ):
-                    break
-            if time.monotonic() > deadline:
-                self.stop()
-                raise RuntimeError(f"service did not answer:\n{self.log_text()[-3000:]}")
-            time.sleep(0.05)
+        with httpx.Client(timeout=1, verify=tls()) as http:
+            while True:
+                if self.proc.poll() is not None:
+                    raise RuntimeError(f"service exited at start:\n{self.log_text()[-3000:]}")
+                with contextlib.suppress(httpx.TransportError):
+                    if (
+                        http.get(f"{self.url}/healthz").status_code == 200
+                        and len(self.ready_pids()) >= workers
+                    ):
+                        break
+                if time.monotonic() > deadline:
+                    self.stop()
+                    raise RuntimeError(f"service did not answer:\n{self.log_text()[-3000:]}")
+                time.sleep(0.05)
 
     def ready_pids(self) -> set[int]:
         """Workers that finished start-up (their lifespan logged "serving ...")."""
@@ -123,7 +140,7 @@ class ServiceProcess:
         return lines
 
     def client(self, **headers: str) -> httpx.AsyncClient:
-        return httpx.AsyncClient(base_url=self.url, timeout=60, headers=headers)
+        return httpx.AsyncClient(base_url=self.url, timeout=60, headers=headers, verify=tls())
 
     def stop(self) -> int | None:
         if self.proc.poll() is None:
