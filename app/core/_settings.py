@@ -13,7 +13,6 @@ from urllib.parse import urlsplit
 
 from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
-from starlette.requests import Request
 
 MAX_TIMEOUT_S = 3600.0
 """The longest deadline a caller may ask for (``timeout_s``)."""
@@ -149,8 +148,3 @@ def outbound_port_problem(url: str) -> str | None:
         " (use a store listening on 443 or 8080; docs/hub.md)"
     )
 
-
-def settings_of(request: Request) -> ServiceSettings:
-    """The running service's settings (set on the app by its lifespan)."""
-    settings: ServiceSettings = request.app.state.settings
-    return settings

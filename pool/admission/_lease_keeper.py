@@ -16,22 +16,28 @@ for each process is the same for both stores, so it lives here once
 * **One poller per process**, not one per waiter, runs only while local waiters
   exist. Its interval is the store's: tight for SQLite (there is no push channel),
   slow for Redis (a safety net behind pub/sub). A poll also lets the store reclaim
-  expired entries, so no external janitor is needed.
-* **One heartbeat per process** renews every local lease and waiter entry each
-  ``lease_ttl/3``, and retries a failed renewal every ``min(lease_ttl/9, 0.5 s)``: the
-  rhythm of every owner in the fleet (:mod:`pool.admission._ownership`, which durable
-  jobs follow too). The store decides what a renewal costs: Redis renews one liveness
-  deadline for the whole process, whatever it holds (its entries are only counted);
-  SQLite renews each entry.
+  expired entries, so no external janitor is needed. A poll names no more than the
+  store's ``positions_per_poll`` waiters (those whose position it refreshes, each in
+  turn), whatever the process holds.
+* **One heartbeat per process** renews the process's liveness each ``lease_ttl/3``,
+  whatever it holds, and retries a failed renewal every ``min(lease_ttl/9, 0.5 s)``:
+  the rhythm of every owner in the fleet (:mod:`pool.admission._ownership`, which
+  durable jobs follow too). Both stores keep one liveness deadline per process; its
+  entries live as long as it does. A renewal tells how many entries the store holds
+  for the process; only when that is fewer than the process holds are its ids checked
+  (the store does that in chunks) and the missing ones fenced or failed. So a cycle
+  (a heartbeat, a poll) does the same work with 1 or 10,000 leases and waiters
+  (``keeper_work``, tests/admission/test_work.py).
   A SIGKILLed process stops renewing; anybody's next pass reclaims its slots and
   queue entries after ``lease_ttl``.
 * **Self-fencing.** Each lease knows its *local expiry*: the send time of the last
-  store call that confirmed it (enqueue or renewal: the store's deadline was set
-  after it) + ``lease_ttl`` − a safety margin (:data:`SAFETY_FRACTION` of the TTL,
-  for the clocks' rates and for the time a cancel takes to reach the Space). So the
-  local expiry always comes strictly before the store's. A timer per lease (not the
-  heartbeat task) fences the lease when that moment passes unrenewed, and so does a
-  renewal that finds it missing in the store: :meth:`Lease.fence` runs the holder's
+  store call that confirmed it (its enqueue, or the last renewal of its process's
+  liveness: the store's deadline was set after it) + ``lease_ttl`` − a safety margin
+  (:data:`SAFETY_FRACTION` of the TTL, for the clocks' rates and for the time a cancel
+  takes to reach the Space). So the local expiry always comes strictly before the
+  store's. One timer per process (not the heartbeat task), armed at the earliest
+  local expiry, fences the leases whose moment passes unrenewed, and so does a
+  renewal that finds one missing in the store: :meth:`Lease.fence` runs the holder's
   callbacks, which cancel the upstream job and make the caller's await raise
   :class:`~pool.LeaseLost`. A loop frozen past the expiry (SIGSTOP, a long stall)
   runs the due timer in its first iteration after resuming, and the handle checks
@@ -55,9 +61,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
+import heapq
 import logging
+import math
 import random
 import time
+from collections import deque
 from collections.abc import Awaitable, Callable, Coroutine, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
@@ -65,7 +75,7 @@ from typing import Any, Protocol, TypeVar
 from .._exceptions import BusyError, MisuseError, PoolClosedError
 from .._tasks import cancel_and_wait
 from ._ownership import Heartbeat
-from ._protocol import AdmissionSnapshot, Lease, StoreUnavailable, WaitTicket, new_id
+from ._protocol import AdmissionSnapshot, Lease, Liveness, StoreUnavailable, WaitTicket, new_id
 from ._rule import INTERACTIVE, bottleneck_capacity, estimate_wait_s, limit_lookup
 from ._values import GuardedValues, SharedValues
 
@@ -144,16 +154,25 @@ class SharedStore(Protocol):
 
     async def release(self, lease_id: str, held_s: float) -> StoreView: ...
 
-    async def poll(self, waiting: Sequence[str]) -> StoreView:
-        """Which of ``waiting`` are leases now; reclaims expired entries when due."""
+    positions_per_poll: int
+    """At most this many waiters' positions are refreshed per poll..."""
+    positions_every_s: float
+    """...and not more often than this."""
+
+    async def poll(self, told: Sequence[str]) -> StoreView:
+        """Our waiters granted since the last poll (a bounded read), and the positions of
+        ``told`` (at most ``positions_per_poll`` of our waiters); reclaims expired
+        entries when due."""
         ...
 
-    async def renew(self, ids: Sequence[str]) -> set[str]:
-        """Push back the expiry of these leases/waiters; returns the ids not found."""
+    async def renew(self, held: int, held_ids: Callable[[], Sequence[str]]) -> set[str]:
+        """Push back our liveness (every entry of ours at once); returns the ids the
+        store lost. ``held`` is how many entries we hold: only when the store holds
+        fewer does it call ``held_ids`` and check them (in chunks)."""
         ...
 
     async def drop(self, ids: Sequence[str]) -> None:
-        """Free these leases and delete these waiters in one operation (close)."""
+        """Free these leases and delete these waiters (close), in chunks."""
         ...
 
     async def set_limits(self, limits: Mapping[str, int]) -> StoreView: ...
@@ -178,9 +197,9 @@ class _Waiter:
         self.resources = resources
         self.ticket = ticket
         self.enqueued = False
-        # Send time of the last store call that confirmed the entry (enqueue, renew):
-        # its deadline in the store, and that of the lease it becomes, is later than
-        # this + lease_ttl.
+        # Send time of the store call that queued the entry: its deadline in the store,
+        # and that of the lease it becomes, is later than this + lease_ttl (and than
+        # the process's last renewal + lease_ttl).
         self.confirmed_at = time.monotonic()
         self.future: asyncio.Future[Lease] = asyncio.get_running_loop().create_future()
 
@@ -196,10 +215,24 @@ class SharedCoordinator:
         self.store = backend.name
         self.lease_ttl_s = lease_ttl_s
         self.safety_margin_s = lease_ttl_s * SAFETY_FRACTION
-        self._timers: dict[str, asyncio.TimerHandle] = {}
         self._backend = backend
         self._waiters: dict[str, _Waiter] = {}
+        self._enqueued = 0  # of _waiters, those the store has confirmed
+        self._turns: deque[str] = deque()  # queued waiters whose positions are told, in turn
+        self._next_positions = 0.0
         self._leases: dict[str, Lease] = {}
+        self._live_leases = 0  # of _leases, those not lost
+        # The process's liveness: every lease's local expiry is at least this one's.
+        self._liveness = Liveness()
+        self._renewed_at = -math.inf  # send time of the last renewal that confirmed it
+        # Live leases whose own expiry is later than the process's (granted since the
+        # last renewal): id -> own expiry, and a heap of them; the others are "covered".
+        self._young: dict[str, float] = {}
+        self._young_heap: list[tuple[float, str]] = []
+        self._fence_timer: asyncio.TimerHandle | None = None
+        self._fence_at = math.inf
+        self.keeper_work = 0
+        """Entries the heartbeat and the poller touched (tests/admission/test_work.py)."""
         self._orphans: set[str] = set()
         self._limits: dict[str, int] = {}
         self._mean_hold_s = 1.0
@@ -230,7 +263,11 @@ class SharedCoordinator:
             view = await asyncio.shield(enqueue)
             waiter.enqueued = True
             waiter.confirmed_at = sent
+            if self._waiters.get(key) is waiter:  # not granted by a push meanwhile
+                self._enqueued += 1
             self._learn(view)
+            if self._waiters.get(key) is waiter:
+                self._add_turn(key)
             self._has_waiters.set()
             async with asyncio.timeout_at(deadline):
                 return await asyncio.shield(waiter.future)
@@ -244,7 +281,7 @@ class SharedCoordinator:
                 retry_after_s=waiter.ticket.estimate_s or self._mean_hold_s,
             ) from None
         except StoreUnavailable as exc:  # fail closed
-            self._waiters.pop(key, None)
+            self._take_waiter(key)
             waiter.future.cancel()
             self._orphans.add(key)  # the enqueue may have landed before the error
             raise self._unavailable(exc) from exc
@@ -258,9 +295,7 @@ class SharedCoordinator:
                 lease.mark_released()  # raises: released twice
             raise MisuseError(f"lease {lease.lease_id} is not held by this coordinator")
         lease.mark_released()
-        timer = self._timers.pop(lease.lease_id, None)
-        if timer is not None:
-            timer.cancel()
+        self._forget_lease(lease)
         if self._closed:
             return  # aclose already returned it to the store
         held_s = time.monotonic() - lease.granted_at
@@ -309,15 +344,17 @@ class SharedCoordinator:
         if self._closed:
             return
         self._closed = True
-        for timer in self._timers.values():
-            timer.cancel()
-        self._timers.clear()
+        if self._fence_timer is not None:
+            self._fence_timer.cancel()
+            self._fence_timer = None
         await cancel_and_wait(*self._tasks)
         waiting = list(self._waiters)
         for waiter in self._waiters.values():
             if not waiter.future.done():
                 waiter.future.set_exception(PoolClosedError("coordinator closed"))
         self._waiters.clear()
+        self._enqueued = 0
+        self._turns.clear()
         if self._inflight:  # let enqueues in flight land, so that they are dropped too
             await asyncio.gather(*self._inflight, return_exceptions=True)
         ids = [*self._leases, *waiting, *self._orphans]
@@ -364,18 +401,48 @@ class SharedCoordinator:
     def _resolve(self, ids: Iterable[str]) -> None:
         """Hand each granted waiter its lease; ids we no longer wait for are ignored."""
         for key in ids:
-            waiter = self._waiters.pop(key, None)
+            waiter = self._take_waiter(key)
             if waiter is None or waiter.future.done():
                 continue
             waiter.future.set_result(self._new_lease(key, waiter))
 
+    def _take_waiter(self, key: str) -> _Waiter | None:
+        waiter = self._waiters.pop(key, None)
+        if waiter is not None and waiter.enqueued:
+            self._enqueued -= 1
+        return waiter
+
+    def _add_turn(self, key: str) -> None:
+        """A queued waiter takes its turn among those whose position is told."""
+        turns = self._turns
+        turns.append(key)
+        if len(turns) > 2 * self._enqueued + 64:  # mostly gone: amortized O(1) per append
+            self._turns = deque(k for k in turns if k in self._waiters)
+
     def _new_lease(self, key: str, waiter: _Waiter) -> Lease:
         """The lease a granted waiter becomes, with its local expiry watched."""
-        lease = Lease(key, waiter.resources, expires_at=self._expiry(waiter.confirmed_at))
+        own = self._expiry(waiter.confirmed_at)
+        lease = Lease(key, waiter.resources, expires_at=own, shared=self._liveness)
         lease.retry_after_s = self._retry_after_s()
         self._leases[key] = lease
-        self._watch(lease)
+        self._live_leases += 1
+        lease.on_lost(functools.partial(self._lease_lost, key))
+        if own > self._liveness.expires_at:
+            self._young[key] = own
+            heapq.heappush(self._young_heap, (own, key))
+        self._arm()
         return lease
+
+    def _lease_lost(self, key: str, _error: BaseException) -> None:
+        if key in self._leases:
+            self._live_leases -= 1
+            self._young.pop(key, None)
+
+    def _forget_lease(self, lease: Lease) -> None:
+        """A lease left ``_leases`` (released)."""
+        if lease.lost is None:
+            self._live_leases -= 1
+            self._young.pop(lease.lease_id, None)
 
     def _expiry(self, confirmed_at: float) -> float:
         return confirmed_at + self.lease_ttl_s - self.safety_margin_s
@@ -383,26 +450,65 @@ class SharedCoordinator:
     def _retry_after_s(self) -> float:
         return max(1.0, self.lease_ttl_s / 3)
 
-    def _watch(self, lease: Lease) -> None:
-        """(Re-)arm the timer that fences ``lease`` at its local expiry."""
-        delay = max(0.0, lease.expires_at - time.monotonic())
-        self._timers[lease.lease_id] = asyncio.get_running_loop().call_later(
-            delay, self._expire, lease
-        )
+    # -- the fence: one timer at the earliest local expiry ---------------------------------
+    def _earliest(self) -> float | None:
+        """The earliest local expiry of a live lease (None: none)."""
+        if self._live_leases > len(self._young):  # some are covered by the liveness
+            return self._liveness.expires_at
+        heap = self._young_heap
+        while heap and self._young.get(heap[0][1]) != heap[0][0]:
+            heapq.heappop(heap)  # released or lost meanwhile
+            self.keeper_work += 1
+        return heap[0][0] if heap else None
 
-    def _expire(self, lease: Lease) -> None:
-        if lease.released or lease.lost is not None:
-            self._timers.pop(lease.lease_id, None)
-        elif time.monotonic() >= lease.expires_at:
-            self._timers.pop(lease.lease_id, None)
-            lease.fence("expired")
-        else:  # renewed meanwhile
-            self._watch(lease)
+    def _arm(self) -> None:
+        """(Re-)arm the fence timer at the earliest local expiry, if it would fire later."""
+        at = self._earliest()
+        if at is not None and self._fence_at <= at:
+            return  # fires early enough: it re-arms itself then
+        if self._fence_timer is not None:
+            self._fence_timer.cancel()
+            self._fence_timer, self._fence_at = None, math.inf
+        if at is not None and not self._closed:
+            delay = max(0.0, at - time.monotonic())
+            self._fence_timer = asyncio.get_running_loop().call_later(delay, self._fence_due)
+            self._fence_at = at
+
+    def _fence_due(self) -> None:
+        """Fence every live lease whose local expiry has passed, then re-arm."""
+        if self._fence_timer is not None:
+            self._fence_timer.cancel()
+        self._fence_timer, self._fence_at = None, math.inf
+        now = time.monotonic()
+        if now >= self._liveness.expires_at and self._live_leases > len(self._young):
+            # The process's renewal is overdue: every lease it covered has expired (a
+            # pass over the leases, only when fencing them).
+            for key, lease in list(self._leases.items()):
+                self.keeper_work += 1
+                if key not in self._young:
+                    lease.fence("expired")
+        heap = self._young_heap
+        while heap and heap[0][0] <= now:  # own expiry passed, and later than the process's
+            own, key = heapq.heappop(heap)
+            self.keeper_work += 1
+            if self._young.get(key) == own:
+                del self._young[key]
+                self._leases[key].fence("expired")
+        self._arm()
+
+    def _advance(self) -> None:
+        """The liveness moved on: the leases whose own expiry it passed are covered."""
+        heap, liveness = self._young_heap, self._liveness.expires_at
+        while heap and heap[0][0] <= liveness:
+            own, key = heapq.heappop(heap)
+            self.keeper_work += 1
+            if self._young.get(key) == own:
+                del self._young[key]
 
     def _fail_waiter(self, key: str, message: str) -> None:
         waiter = self._waiters.get(key)
         if waiter is not None and waiter.enqueued and not waiter.future.done():
-            del self._waiters[key]
+            self._take_waiter(key)
             waiter.future.set_exception(
                 BusyError(
                     message,
@@ -433,7 +539,7 @@ class SharedCoordinator:
     async def _withdraw(
         self, key: str, waiter: _Waiter, enqueue: asyncio.Task[StoreView], *, keep: bool
     ) -> tuple[Lease | None, int]:
-        self._waiters.pop(key, None)  # from here on, _resolve ignores this id
+        self._take_waiter(key)  # from here on, _resolve ignores this id
         if _granted(waiter.future):
             lease = waiter.future.result()
             if keep:
@@ -455,7 +561,10 @@ class SharedCoordinator:
         self, key: str, waiter: _Waiter, enqueue: asyncio.Task[StoreView], *, keep: bool
     ) -> tuple[Lease | None, int]:
         with contextlib.suppress(Exception):  # its error went to the caller already
-            await enqueue  # the withdraw must reach the store after the enqueue
+            # The withdraw must reach the store after the enqueue; the enqueue's pass may
+            # have granted other waiters of ours (a store tells us our own grants only
+            # in its answers).
+            self._learn(await enqueue)
         try:
             out = await self._backend.withdraw(key, keep=keep)
         except StoreUnavailable as exc:
@@ -525,16 +634,38 @@ class SharedCoordinator:
                 async with asyncio.timeout(interval * random.uniform(0.5, 1.5)):
                     await self._poll_now.wait()
             self._poll_now.clear()
-            waiting = [k for k, w in self._waiters.items() if w.enqueued]
-            if not waiting:
-                continue
-            try:
-                view = await self._backend.poll(waiting)
-            except StoreUnavailable as exc:
-                self._set_reachable(False, exc)
-                continue
-            self._set_reachable(True)
-            self._learn(view)
+            await self._poll_once()
+
+    async def _poll_once(self) -> None:
+        """One poll: our grants made by others, and the positions due (bounded work)."""
+        if not self._enqueued:
+            return
+        try:
+            view = await self._backend.poll(self._told())
+        except StoreUnavailable as exc:
+            self._set_reachable(False, exc)
+            return
+        self._set_reachable(True)
+        self._learn(view)
+
+    def _told(self) -> list[str]:
+        """The next queued waiters whose position is refreshed (none if not due yet)."""
+        now = time.monotonic()
+        if now < self._next_positions:
+            return []
+        self._next_positions = now + self._backend.positions_every_s
+        wanted = self._backend.positions_per_poll
+        told: list[str] = []
+        turns, budget = self._turns, 4 * wanted  # a bounded share of gone ones dropped
+        while turns and budget and len(told) < wanted:
+            key = turns.popleft()
+            budget -= 1
+            self.keeper_work += 1
+            waiter = self._waiters.get(key)
+            if waiter is not None and waiter.enqueued:
+                told.append(key)
+        turns.extend(told)
+        return told
 
     async def _heartbeat_loop(self) -> None:
         """The owner's renewals, at the rhythm of :class:`~._ownership.Heartbeat`."""
@@ -552,52 +683,60 @@ class SharedCoordinator:
         )
 
     async def _heartbeat(self, *, timeout: float) -> None:
-        """Renew every live lease and waiter, then retry the orphans' withdrawals.
+        """Renew the process's liveness, then retry the orphans' withdrawals.
 
         A renewal is waited for until the first local expiry (at least ``timeout``):
         an answer after it comes too late for that lease, and a retry must have its
         turn. The stores' own timeouts (socket, busy) are shorter still.
         """
-        now = time.monotonic()
-        for lease in list(self._leases.values()):
-            if lease.lost is None and lease.expires_at <= now:  # before its timer ran
-                lease.fence("expired")
-        leases = [k for k, lease in self._leases.items() if lease.lost is None]
-        ids = [*leases, *(k for k, w in self._waiters.items() if w.enqueued)]
-        if ids:
+        self._fence_due()  # a lease past its local expiry before its timer ran
+        self.keeper_work += 1
+        held = self._live_leases + self._enqueued
+        if held:
             sent = time.monotonic()
-            first = min((self._leases[k].expires_at for k in leases), default=sent + timeout)
+            first = self._earliest()
+            wait_s = timeout if first is None else max(timeout, first - sent)
             try:
-                async with asyncio.timeout(max(timeout, first - sent)):
-                    missing = await self._backend.renew(ids)
+                async with asyncio.timeout(wait_s):
+                    missing = await self._backend.renew(held, self._held_ids)
             except TimeoutError:
                 raise StoreUnavailable("lease renewal timed out") from None
-            self._renewed(ids, missing, sent)
+            self._renewed(missing, sent)
         for key in list(self._orphans):
             out = await self._backend.withdraw(key, keep=False)
             self._orphans.discard(key)
             self._learn(out.view)
 
-    def _renewed(self, ids: Iterable[str], missing: set[str], sent: float) -> None:
-        """Push back the local expiry of what was renewed; fence what the store lost."""
-        expiry = self._expiry(sent)
-        for key in ids:
+    def _held_ids(self) -> list[str]:
+        """Every live lease and queued waiter of ours: only for a check, when the store
+        holds fewer entries than we do."""
+        ids = [k for k, lease in self._leases.items() if lease.lost is None]
+        ids += [k for k, w in self._waiters.items() if w.enqueued]
+        self.keeper_work += len(ids)
+        return ids
+
+    def _renewed(self, missing: set[str], sent: float) -> None:
+        """Fence what the store lost; push back the local expiry of everything else."""
+        for key in missing:
             lease = self._leases.get(key)
-            waiter = self._waiters.get(key)
-            if key in missing:
-                if lease is not None:
-                    lease.fence("missing")
-                self._fail_waiter(key, "queue entry expired in the store")
-            elif lease is not None and lease.lost is None:
-                lease.expires_at = max(lease.expires_at, expiry)
-            elif waiter is not None:
-                waiter.confirmed_at = max(waiter.confirmed_at, sent)
+            if lease is not None:
+                lease.fence("missing")
+            self._fail_waiter(key, "queue entry expired in the store")
+        expiry = self._expiry(sent)
+        if expiry > self._liveness.expires_at:
+            self._liveness.expires_at = expiry
+            self._renewed_at = max(self._renewed_at, sent)
+            self._advance()
+            self._arm()
 
     def _expire_waiters(self) -> None:
         """Fail the waiters whose entry may have expired in the unreachable store."""
         now = time.monotonic()
+        if self._expiry(self._renewed_at) > now:
+            return  # the last renewal covers every waiter for now
         for key, waiter in list(self._waiters.items()):
-            if waiter.enqueued and self._expiry(waiter.confirmed_at) <= now:
+            confirmed = max(waiter.confirmed_at, self._renewed_at)
+            if waiter.enqueued and self._expiry(confirmed) <= now:
                 self._fail_waiter(key, "admission store unreachable; queue entry expired")
 
 

@@ -17,28 +17,47 @@ per round as 300.
 from __future__ import annotations
 
 import asyncio
+import heapq
 import itertools
+import math
 import os
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
+from typing import cast
 
 from .._exceptions import BusyError, MisuseError, PoolClosedError
 from ._protocol import AdmissionSnapshot, Lease, WaitTicket
-from ._ready import GrantIndex
-from ._rule import BATCH, estimate_wait_s, limit_lookup
+from ._ready import GrantIndex, Waiter
+from ._rule import BATCH, estimate_wait_s, is_private, limit_lookup
 from ._values import MemoryValues
 
 _TICKETS_EVERY_S = 0.25  # how often queued waiters' positions and estimates are refreshed
 _TICKETS_PER_ROUND = 256  # at most this many per round (each waiter in turn)
+_TIMEOUTS_PER_RUN = 256  # waiters timed out per loop iteration, at most
 
 
-class _Waiter:
-    __slots__ = ("future", "resources", "ticket")
+class _TimedOut(Exception):
+    """A waiter's deadline passed (set by the store's one timer, not a task's)."""
 
-    def __init__(self, resources: tuple[str, ...], ticket: WaitTicket) -> None:
-        self.resources = resources
+    def __init__(self, position: int) -> None:
+        super().__init__(position)
+        self.position = position
+
+
+class _Waiter(Waiter):
+    """A waiter of the index that carries its caller's future and ticket (one object,
+    one dict entry per waiter: a cancel touches as few as it can)."""
+
+    __slots__ = ("future", "private", "ticket")
+
+    def __init__(
+        self, key: str, resources: tuple[str, ...], seq: int, ticket: WaitTicket, now: float
+    ) -> None:
+        batch = ticket.priority == BATCH
+        super().__init__(key, resources, seq, batch, now + ticket.ages_after_s)
         self.ticket = ticket
+        self.private = tuple(r for r in resources if is_private(r))
         self.future: asyncio.Future[Lease] = asyncio.get_running_loop().create_future()
 
 
@@ -52,7 +71,6 @@ class MemoryCoordinator:
         self._limits: dict[str, int] = {}
         self._held: dict[str, int] = {}
         self._leases: dict[str, Lease] = {}
-        self._waiters: dict[str, _Waiter] = {}
         self._index = GrantIndex()
         self._mean_hold_s = 1.0
         self._secret = os.urandom(32)
@@ -60,8 +78,13 @@ class MemoryCoordinator:
         self._keys = itertools.count(1)  # waiter and lease ids: unique in this process
         self._turns: deque[str] = deque()  # waiters whose ticket is refreshed, in turn
         self._tickets_timer: asyncio.TimerHandle | None = None
-        self._queued: dict[str, int] = {}  # resource -> waiters that need it
+        # private resource ("consumer:...") -> waiters that need it; the shared ones are
+        # counted by the index (GrantIndex.queued_counts)
+        self._queued: dict[str, int] = {}
         self._batch_waiting = 0
+        self._deadlines: list[tuple[float, int, str]] = []  # (when, seq, waiter), lazily
+        self._deadline_timer: asyncio.TimerHandle | None = None
+        self._deadline_at = math.inf
 
     @property
     def work(self) -> int:
@@ -81,41 +104,36 @@ class MemoryCoordinator:
             return self._grant(wanted)
         seq = next(self._keys)
         key = str(seq)
-        ticket = ticket or WaitTicket()
-        waiter = _Waiter(wanted, ticket)
-        self._waiters[key] = waiter
         now = time.monotonic()
-        batch = ticket.priority == BATCH
-        self._index.add(key, wanted, seq, batch=batch, ages_at=now + ticket.ages_after_s,
-                        now=now)  # fmt: skip
-        for r in wanted:
+        waiter = _Waiter(key, wanted, seq, ticket or WaitTicket(), now)
+        self._index.insert(waiter, now)
+        for r in waiter.private:
             self._queued[r] = self._queued.get(r, 0) + 1
-        self._batch_waiting += batch
+        self._batch_waiting += waiter.batch
         self._assign()
         if not waiter.future.done():
             self._set_ticket(key, waiter)
             self._turns.append(key)
             self._schedule_tickets()
+            self._add_deadline(now + timeout, seq, key)
         try:
-            async with asyncio.timeout(timeout):
-                return await asyncio.shield(waiter.future)
-        except BaseException as exc:
-            position = self._position(key)[0]
+            # Awaited directly (no shield, no asyncio.timeout: the store keeps one timer
+            # for every waiter's deadline). A cancel cancels the future; a grant pass that
+            # meets a cancelled one passes its slots on (_assign).
+            return await waiter.future
+        except _TimedOut as timed_out:  # already out of the queue: _time_out
+            raise BusyError(
+                f"no capacity within {timeout:.1f}s",
+                queue_position=timed_out.position,
+                retry_after_s=waiter.ticket.estimate_s or self._mean_hold_s,
+            ) from None
+        except BaseException:
             self._forget(key)
-            if _granted(waiter.future):
-                # Granted at the same moment we gave up: pass the slots on.
-                if isinstance(exc, TimeoutError):
-                    return waiter.future.result()
+            if _granted(waiter.future):  # granted before the cancel reached us: pass it on
                 self._release_now(waiter.future.result())
             else:
                 waiter.future.cancel()
             self._assign()
-            if isinstance(exc, TimeoutError):
-                raise BusyError(
-                    f"no capacity within {timeout:.1f}s",
-                    queue_position=position,
-                    retry_after_s=waiter.ticket.estimate_s or self._mean_hold_s,
-                ) from None
             raise
 
     async def release(self, lease: Lease) -> None:
@@ -134,24 +152,23 @@ class MemoryCoordinator:
         self._index.freed(lease.resources)
         held_s = time.monotonic() - lease.granted_at
         self._mean_hold_s = 0.8 * self._mean_hold_s + 0.2 * max(held_s, 0.0)
-        if self._waiters:
+        if len(self._index):
             self._assign()
 
     def _forget(self, key: str) -> _Waiter | None:
-        waiter = self._waiters.pop(key, None)
+        waiter = cast("_Waiter | None", self._index.remove(key, time.monotonic()))
         if waiter is not None:
-            self._index.remove(key, time.monotonic())
             self._unqueue(waiter)
         return waiter
 
     def _unqueue(self, waiter: _Waiter) -> None:
-        for r in waiter.resources:
+        for r in waiter.private:
             left = self._queued[r] - 1
             if left:
                 self._queued[r] = left
             else:
                 del self._queued[r]
-        self._batch_waiting -= waiter.ticket.priority == BATCH
+        self._batch_waiting -= waiter.batch
 
     def _grant(self, resources: tuple[str, ...]) -> Lease:
         lease = self._lease(resources)
@@ -167,10 +184,57 @@ class MemoryCoordinator:
     def _assign(self) -> None:
         """The grant pass over the index (it counts the grants in ``_held``)."""
         limit_of = limit_lookup(self._limits)
+        unwanted: list[Lease] = []
         for granted in self._index.grant_pass(self._held, limit_of, time.monotonic()):
-            waiter = self._waiters.pop(granted.key)
+            waiter = cast(_Waiter, granted)  # out of the index already
             self._unqueue(waiter)
-            waiter.future.set_result(self._lease(waiter.resources))
+            lease = self._lease(waiter.resources)
+            if waiter.future.done():  # cancelled; its task has not run yet: pass it on
+                unwanted.append(lease)
+            else:
+                waiter.future.set_result(lease)
+        for lease in unwanted:
+            self._release_now(lease)
+
+    # -- deadlines: one timer for every waiter -----------------------------------------------
+    def _add_deadline(self, at: float, seq: int, key: str) -> None:
+        if not math.isfinite(at):
+            return
+        heap = self._deadlines
+        heapq.heappush(heap, (at, seq, key))
+        if len(heap) > 2 * len(self._index) + 64:  # mostly gone: amortized O(1) per push
+            heap[:] = [e for e in heap if e[2] in self._index]
+            heapq.heapify(heap)
+        if heap[0][0] < self._deadline_at:
+            self._arm_deadlines()
+
+    def _arm_deadlines(self) -> None:
+        if self._deadline_timer is not None:
+            self._deadline_timer.cancel()
+            self._deadline_timer, self._deadline_at = None, math.inf
+        if self._deadlines:
+            at = self._deadlines[0][0]
+            delay = max(0.0, at - time.monotonic())
+            self._deadline_timer = asyncio.get_running_loop().call_later(delay, self._time_out)
+            self._deadline_at = at
+
+    def _time_out(self) -> None:
+        """The waiters past their deadline leave the queue now (each tells its position),
+        ``_TIMEOUTS_PER_RUN`` at most per loop iteration: the rest in the next ones."""
+        self._deadline_timer, self._deadline_at = None, math.inf
+        now, heap, timed_out = time.monotonic(), self._deadlines, 0
+        while heap and heap[0][0] <= now and timed_out < _TIMEOUTS_PER_RUN:
+            _, _, key = heapq.heappop(heap)
+            waiter = cast("_Waiter | None", self._index.get(key))
+            if waiter is None or waiter.future.done():
+                continue  # granted, cancelled or gone meanwhile
+            position = self._position(key)[0]
+            self._forget(key)
+            waiter.future.set_exception(_TimedOut(position))
+            timed_out += 1
+        if timed_out:
+            self._assign()
+        self._arm_deadlines()
 
     def _schedule_tickets(self) -> None:
         if self._tickets_timer is None and self._turns:
@@ -184,7 +248,7 @@ class MemoryCoordinator:
         budget = _TICKETS_PER_ROUND
         while budget and self._turns:
             key = self._turns.popleft()
-            waiter = self._waiters.get(key)
+            waiter = cast("_Waiter | None", self._index.get(key))
             if waiter is None or waiter.future.done():
                 continue  # gone: dropped from the turns
             budget -= 1
@@ -209,9 +273,9 @@ class MemoryCoordinator:
     async def snapshot(self) -> AdmissionSnapshot:
         return AdmissionSnapshot(
             held=dict(self._held),
-            queued=dict(self._queued),
+            queued={**self._index.queued_counts(), **self._queued},
             limits=dict(self._limits),
-            waiting=len(self._waiters),
+            waiting=len(self._index),
             store=self.store,
             batch_waiting=self._batch_waiting,
         )
@@ -220,15 +284,18 @@ class MemoryCoordinator:
         return self._secret
 
     async def aclose(self) -> None:
-        for waiter in self._waiters.values():
-            if not waiter.future.done():
+        for key in self._index.queued():
+            waiter = self._forget(key)
+            if waiter is not None and not waiter.future.done():
                 waiter.future.set_exception(PoolClosedError("coordinator closed"))
-        for key in list(self._waiters):
-            self._forget(key)
         self._turns.clear()
         if self._tickets_timer is not None:
             self._tickets_timer.cancel()
             self._tickets_timer = None
+        self._deadlines.clear()
+        if self._deadline_timer is not None:
+            self._deadline_timer.cancel()
+            self._deadline_timer, self._deadline_at = None, math.inf
 
 
 def _granted(future: asyncio.Future[Lease]) -> bool:

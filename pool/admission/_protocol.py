@@ -100,24 +100,47 @@ class Lease:
     gone, the lease is *lost* (:meth:`fence`): its holder must stop the work it
     covers; callbacks registered with :meth:`on_lost` do that. A memory lease never
     expires.
+
+    Renewals are per process, not per lease: a lease's local expiry is the later of
+    its own (from the store call that queued it) and its process's (``shared``: the
+    last renewal of the process's liveness), so that one renewal pushes back every
+    lease of the process at once.
     """
 
     __slots__ = (
-        "_on_lost", "_released", "expires_at", "granted_at", "lease_id", "lost", "resources",
-        "retry_after_s",
+        "_on_lost", "_own_expiry", "_released", "_shared", "granted_at", "lease_id", "lost",
+        "resources", "retry_after_s",
     )  # fmt: skip
 
     def __init__(
-        self, lease_id: str, resources: tuple[str, ...], *, expires_at: float = math.inf
+        self,
+        lease_id: str,
+        resources: tuple[str, ...],
+        *,
+        expires_at: float = math.inf,
+        shared: Liveness | None = None,
     ) -> None:
         self.lease_id = lease_id
         self.resources = resources
         self.granted_at = time.monotonic()
-        self.expires_at = expires_at
+        self._own_expiry = expires_at
+        self._shared = shared
         self.lost: LeaseLost | None = None
         self.retry_after_s = 1.0  # what a LeaseLost of this lease tells the caller
         self._released = False
         self._on_lost: list[Callable[[LeaseLost], None]] = []
+
+    @property
+    def expires_at(self) -> float:
+        """The local expiry (``time.monotonic()``): its own, or its process's if later."""
+        shared = self._shared
+        if shared is None or shared.expires_at <= self._own_expiry:
+            return self._own_expiry
+        return shared.expires_at
+
+    @expires_at.setter
+    def expires_at(self, value: float) -> None:
+        self._own_expiry = value
 
     @property
     def released(self) -> bool:
@@ -165,6 +188,15 @@ class Lease:
     def __repr__(self) -> str:
         state = "released" if self._released else "lost" if self.lost else "held"
         return f"<Lease {self.lease_id[:8]} {','.join(self.resources)} {state}>"
+
+
+class Liveness:
+    """One process's renewed liveness, shared by its leases (:class:`Lease`)."""
+
+    __slots__ = ("expires_at",)
+
+    def __init__(self) -> None:
+        self.expires_at = -math.inf  # local expiry of whatever the last renewal covered
 
 
 class StoreUnavailable(Exception):

@@ -42,49 +42,68 @@ from __future__ import annotations
 
 import heapq
 import itertools
+from array import array
 from bisect import bisect_left
-from collections import OrderedDict
+from collections import deque
 from collections.abc import Callable, Iterable, MutableMapping
 
 from ._rule import Order, is_private, lane_of
 
 _COMPACT_MIN = 64  # a Ranks rebuilds itself once it has this many dead entries and more
 # dead than live ones: amortized O(1) per removal
+_MIN_SHIFT = 6  # a Ranks' blocks hold at least 2**6 entries
 
 
 class Ranks:
-    """Live arrivals in arrival order: how many arrived before a given one, O(log n).
+    """Live arrivals in arrival order: how many arrived before a given one.
 
-    An append-only array of sequence numbers with a Fenwick tree over their live flags;
-    compacted when half of it is dead.
+    An append-only array of sequence numbers (``array``: one flat block of memory, so a
+    bisection reads no scattered objects), a live flag per entry and the live count
+    of each block of ``2**shift`` entries. Each waiter knows its entry's index (its
+    *slot*, kept right when the array is compacted), so a removal is two O(1) updates,
+    no search; :meth:`before` bisects (in C), then adds the counts of the blocks before
+    the entry and counts the live flags of its own block, both in C, over O(√n) items:
+    the blocks are kept no more numerous than the entries of one (their size doubles as
+    the array grows). Compacted when half of it is dead: amortized O(1) per removal.
     """
 
-    __slots__ = ("_alive", "_dead", "_seqs", "_tree", "total")
+    __slots__ = ("_alive", "_blocks", "_dead", "_seqs", "_shift", "_waiters", "total")
 
     def __init__(self) -> None:
-        self._seqs: list[int] = []
+        self._seqs = array("q")
+        self._waiters: list[Waiter] = []  # whose entry each is (dead ones too)
         self._alive = bytearray()
-        self._tree: list[int] = [0]  # 1-based Fenwick tree
+        self._blocks: list[int] = []  # live entries in each block of 2**_shift entries
+        self._shift = _MIN_SHIFT
         self._dead = 0
         self.total = 0
 
-    def add(self, seq: int) -> None:
-        """Record an arrival; ``seq`` is larger than every one recorded before."""
+    def add(self, seq: int, waiter: Waiter) -> int:
+        """Record an arrival; ``seq`` is larger than every one recorded before. Returns
+        its slot (``waiter.slots`` keeps it, kept right by compactions)."""
+        index = len(self._seqs)
         self._seqs.append(seq)
+        self._waiters.append(waiter)
         self._alive.append(1)
-        i = len(self._seqs)
-        self._tree.append(1 + self._prefix(i - 1) - self._prefix(i - (i & -i)))
+        block = index >> self._shift
+        if block < len(self._blocks):
+            self._blocks[block] += 1
+        else:
+            self._blocks.append(1)
+            if len(self._blocks) > 1 << self._shift:  # twice as many entries per block
+                pairs = self._blocks
+                self._blocks = [sum(pairs[i : i + 2]) for i in range(0, len(pairs), 2)]
+                self._shift += 1
         self.total += 1
+        return index
 
-    def remove(self, seq: int) -> None:
-        index = bisect_left(self._seqs, seq)
-        if index == len(self._seqs) or self._seqs[index] != seq or not self._alive[index]:
+    def remove(self, slot: int) -> None:
+        """Remove the arrival at ``slot`` (what :meth:`add` answered, or a compaction
+        set since)."""
+        if not self._alive[slot]:
             return
-        self._alive[index] = 0
-        i = index + 1
-        while i < len(self._tree):
-            self._tree[i] -= 1
-            i += i & -i
+        self._alive[slot] = 0
+        self._blocks[slot >> self._shift] -= 1
         self.total -= 1
         self._dead += 1
         if self._dead >= _COMPACT_MIN and self._dead > self.total:
@@ -92,32 +111,32 @@ class Ranks:
 
     def before(self, seq: int) -> int:
         """How many live arrivals have a smaller sequence number than ``seq``."""
-        return self._prefix(bisect_left(self._seqs, seq))
-
-    def _prefix(self, i: int) -> int:
-        total = 0
-        while i > 0:
-            total += self._tree[i]
-            i -= i & -i
-        return total
+        index = bisect_left(self._seqs, seq)
+        block = index >> self._shift
+        return sum(self._blocks[:block]) + self._alive.count(1, block << self._shift, index)
 
     def _compact(self) -> None:
-        """Drop the dead entries; the tree is rebuilt in one linear sweep."""
-        self._seqs = [s for s, alive in zip(self._seqs, self._alive, strict=True) if alive]
+        """Drop the dead entries; the blocks are counted again in one linear sweep."""
+        alive = self._alive
+        self._seqs = array("q", (s for s, live in zip(self._seqs, alive, strict=True) if live))
+        self._waiters = [w for w, live in zip(self._waiters, alive, strict=True) if live]
+        for slot, waiter in enumerate(self._waiters):
+            waiter.slots[waiter.ranks.index(self)] = slot
         size = len(self._seqs)
         self._alive = bytearray(b"\x01" * size)
-        tree = [0] + [1] * size
-        for i in range(1, size + 1):
-            parent = i + (i & -i)
-            if parent <= size:
-                tree[parent] += tree[i]
-        self._tree, self._dead, self.total = tree, 0, size
+        shift = _MIN_SHIFT
+        while size > 1 << (2 * shift):
+            shift += 1
+        self._shift = shift
+        self._blocks = [min(1 << shift, size - i) for i in range(0, size, 1 << shift)]
+        self._dead, self.total = 0, size
 
 
 class Waiter:
     """One waiter as the index sees it."""
 
-    __slots__ = ("ages_at", "batch", "key", "lane", "resources", "seq", "single")
+    __slots__ = ("ages_at", "batch", "key", "lane", "ranks", "resources", "seq", "single",
+                 "slots")  # fmt: skip
 
     def __init__(
         self, key: str, resources: tuple[str, ...], seq: int, batch: bool, ages_at: float
@@ -129,6 +148,8 @@ class Waiter:
         self.ages_at = ages_at
         self.lane: _Lane | None = None  # None while held back by its consumer
         self.single: _Single | None = None
+        self.ranks: tuple[Ranks, ...] = ()  # the order statistics it is counted in...
+        self.slots: list[int] = []  # ...and its entry in each
 
     def order(self, now: float) -> Order:
         return (1 if self.batch and self.ages_at > now else 0, self.seq)
@@ -146,17 +167,37 @@ class _Candidate:
 
 
 class _Lane(_Candidate):
-    """Waiters with the same shared resources and class, in arrival (= rank) order."""
+    """Waiters with the same shared resources and class, in arrival (= rank) order.
 
-    __slots__ = ("name", "waiters")
+    A waiter that leaves (granted, cancelled, timed out, taken out) only says so
+    (``waiter.lane = None``, ``live``): it is dropped from the deque when it reaches the
+    front, or when the dead outnumber the living. So a cancel does not touch the deque;
+    if it was the head, the lane's heap entry keeps the old head's order, earlier than
+    the new head's, and the pass ranks it again when it pops it."""
+
+    __slots__ = ("dead", "live", "name", "waiters")
 
     def __init__(self, name: tuple[str, int]) -> None:
         super().__init__()
         self.name = name
-        self.waiters: OrderedDict[str, Waiter] = OrderedDict()
+        self.waiters: deque[Waiter] = deque()
+        self.live = 0
+        self.dead = 0  # left, still in the deque
 
     def head(self) -> Waiter:
-        return next(iter(self.waiters.values()))
+        waiters = self.waiters
+        while waiters[0].lane is not self:
+            waiters.popleft()
+            self.dead -= 1
+        return waiters[0]
+
+    def leave(self, waiter: Waiter) -> None:
+        waiter.lane = None
+        self.live -= 1
+        self.dead += 1
+        if self.dead > self.live + _COMPACT_MIN:  # amortized O(1) per departure
+            self.waiters = deque(w for w in self.waiters if w.lane is self)
+            self.dead = 0
 
 
 class _Single(_Candidate):
@@ -208,21 +249,33 @@ class GrantIndex:
         now: float,
     ) -> Waiter:
         """Queue a waiter; ``seq`` is larger than every one given before."""
-        waiter = Waiter(key, resources, seq, batch, ages_at)
+        return self.insert(Waiter(key, resources, seq, batch, ages_at), now)
+
+    def get(self, key: str) -> Waiter | None:
+        return self._waiters.get(key)
+
+    def insert(self, waiter: Waiter, now: float) -> Waiter:
+        """Queue ``waiter`` (a store may pass its own subclass, carrying its future);
+        its ``seq`` is larger than every one given before."""
+        key, resources, seq, batch = waiter.key, waiter.resources, waiter.seq, waiter.batch
         self._waiters[key] = waiter
         name = (lane_of(resources), int(batch))
         lane = self._lanes.get(name)
         if lane is None:
             lane = self._lanes[name] = _Lane(name)
-        lane.waiters[key] = waiter
+        lane.waiters.append(waiter)
+        lane.live += 1
         waiter.lane = lane
-        if len(lane.waiters) == 1:
+        if lane.live == 1:
             self._push(lane, "", waiter.order(now))  # checked at the next pass
+        counted = []
         for r in self._ranked(resources):
             ranks = self._ranks.get((r, int(batch)))
             if ranks is None:
                 ranks = self._ranks[(r, int(batch))] = Ranks()
-            ranks.add(seq)
+            counted.append(ranks)
+            waiter.slots.append(ranks.add(seq, waiter))
+        waiter.ranks = tuple(counted)
         self.work += 1
         return waiter
 
@@ -232,21 +285,17 @@ class GrantIndex:
         if waiter is None:
             return None
         self.work += 1
-        for r in self._ranked(waiter.resources):
-            self._ranks[(r, int(waiter.batch))].remove(waiter.seq)
+        for ranks, slot in zip(waiter.ranks, waiter.slots, strict=True):
+            ranks.remove(slot)
         lane, single = waiter.lane, waiter.single
         if single is not None:
             self._unlist(single)  # its heap entry is stale now
             waiter.single = None
         elif lane is not None:
-            was_head = next(iter(lane.waiters)) == key
-            del lane.waiters[key]
-            waiter.lane = None
-            if not lane.waiters:
+            lane.leave(waiter)  # if it was the head: see _Lane, and the pass
+            if not lane.live:
                 self._unlist(lane)
                 del self._lanes[lane.name]
-            elif was_head and lane.stamp >= 0:
-                self._push(lane, lane.place, lane.head().order(now))
         return waiter
 
     def freed(self, resources: Iterable[str]) -> None:
@@ -286,6 +335,9 @@ class GrantIndex:
             self.work += 1
             self._unlist(candidate)
             waiter = candidate.head()
+            if waiter.order(now) != order and isinstance(candidate, _Lane):
+                self._push(candidate, candidate.place, waiter.order(now))  # its head left
+                continue
             blocked = _first_full(waiter.resources, held, limit_of, private=False)
             if blocked is not None:  # (1): the lane waits under it
                 self._push(candidate, blocked, order)
@@ -302,7 +354,7 @@ class GrantIndex:
             for r in waiter.resources:  # (2)
                 held[r] = held.get(r, 0) + 1
             self.remove(waiter.key, now)
-            if isinstance(candidate, _Lane) and candidate.waiters:
+            if isinstance(candidate, _Lane) and candidate.live:
                 self._push(candidate, "", candidate.head().order(now))
             granted.append(waiter)
         for name, heap in sources:
@@ -345,9 +397,8 @@ class GrantIndex:
 
     def _take_out(self, lane: _Lane, waiter: Waiter, now: float) -> None:
         """Move a lane's head out of it; the lane goes on with its next waiter."""
-        del lane.waiters[waiter.key]
-        waiter.lane = None
-        if lane.waiters:
+        lane.leave(waiter)
+        if lane.live:
             self._push(lane, "", lane.head().order(now))
         else:
             del self._lanes[lane.name]
@@ -382,8 +433,16 @@ class GrantIndex:
                 if place:
                     self._woken.add(place)
 
-    def keys(self) -> list[str]:
+    def queued(self) -> list[str]:
         return list(self._waiters)
+
+    def queued_counts(self) -> dict[str, int]:
+        """Shared resource -> waiters that need it (from the order statistics)."""
+        counts: dict[str, int] = {}
+        for (resource, _), ranks in self._ranks.items():
+            if resource and ranks.total:
+                counts[resource] = counts.get(resource, 0) + ranks.total
+        return counts
 
 
 def _first_full(

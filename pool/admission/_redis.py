@@ -144,7 +144,6 @@ _KEYS = (
 )  # fmt: skip
 _OPS_PER_RUN = 32  # operations per script run at most: Redis runs one script at a time
 _CHUNK = 256  # ids per script run in a restore, a drop or a check (none runs over all)
-_POLL_IDS = 64  # our waiters whose positions one poll refreshes (rotating through all)
 
 _SCRIPT = load_script("admission.lua")
 
@@ -198,6 +197,8 @@ class _RedisStore:
     """One client, one script, one subscriber; see the module docstring."""
 
     name = "redis"
+    positions_per_poll = 64  # our waiters whose positions one poll refreshes, in turn
+    positions_every_s = 0.0  # at every poll
 
     def __init__(
         self,
@@ -231,7 +232,6 @@ class _RedisStore:
         self._flushes: set[asyncio.Task[None]] = set()
         self._use_prefix()
         self.last_work = 0  # the work of the last script run (commands + elements)
-        self._poll_from = 0  # where the next poll's slice of our waiters starts
         self._epoch = ""
         self._restoring = False
         self._lost_contact = False  # we may have missed an epoch while Redis was away
@@ -523,25 +523,23 @@ class _RedisStore:
             _log.warning("lease %s was gone from the store (expired?) at release", lease_id[:8])
         return _view(reply)
 
-    async def poll(self, waiting: Sequence[str]) -> StoreView:
-        """Grants we missed (our inbox in the store) and the positions of a slice of
-        ``waiting``: each poll the next ``_POLL_IDS`` of them, so a position is at most
-        ``len(waiting) / _POLL_IDS`` polls old (an upper bound: the queue only moves
-        forward), and no script runs over all of our waiters."""
-        start = self._poll_from if self._poll_from < len(waiting) else 0
-        part = list(waiting[start : start + _POLL_IDS])
-        self._poll_from = start + len(part)
-        return _view(await self._call("poll", *part))
+    async def poll(self, told: Sequence[str]) -> StoreView:
+        """Grants we missed (our inbox in the store) and the positions of ``told``: the
+        coordinator names the next ``positions_per_poll`` of our waiters each poll, so a
+        position is at most (our waiters / 64) polls old (an upper bound: the queue
+        only moves forward), and no script runs over all of our waiters."""
+        return _view(await self._call("poll", *told))
 
-    async def renew(self, ids: Sequence[str]) -> set[str]:
-        """One renewal of our own liveness, whatever we hold (``ids`` only counted).
+    async def renew(self, held: int, held_ids: Callable[[], Sequence[str]]) -> set[str]:
+        """One renewal of our own liveness, whatever we hold (``held`` only counted).
 
         The store counts the entries it holds for us; only when it holds fewer than
-        ``ids`` (an older snapshot, a reset, our deadline passed) are they checked, a
-        chunk per script run, and our live leases re-registered."""
-        reply = await self._call("renew", self._ttl_ms, len(ids))
-        if reply[1] and int(reply[2]) >= len(ids):
+        ``held`` (an older snapshot, a reset, our deadline passed) are our ids checked,
+        a chunk per script run, and our live leases re-registered."""
+        reply = await self._call("renew", self._ttl_ms, held)
+        if reply[1] and int(reply[2]) >= held:
             return set()
+        ids = held_ids()
         missing = await self._missing(ids)
         live = {key for key, _ in self._local.local_entries()[0]} if self._local else set()
         if missing & live:  # a live lease the store forgot (an older snapshot): restore

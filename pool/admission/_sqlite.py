@@ -12,6 +12,11 @@ processes. The whole fleet state lives in the file::
     shared_values(ns, key, value, expires_at)     shared values, apart from admission
     meta(key, value)                              quarantine: no grant before this time
     gone(id, expires_at)                          tombstones of ids that left the store
+    owners(owner, expires_at, n)                  each process's liveness deadline, and
+                                                  how many entries it has (triggers)
+    inbox(seq AUTOINCREMENT, owner, id)           grants made by another process, read
+                                                  by the owner's poll (deleted with the
+                                                  lease)
 
 ``seq`` is the arrival order, fleet-wide. Holder counts (``held``) and the
 per-resource queues used for positions are kept by triggers on ``leases`` and
@@ -30,11 +35,23 @@ Why it is shaped this way:
   new ones, are read; issue 39) and turns the winners' rows into leases (same id). The
   write lock is the fleet's critical section; the pass has no ``await``.
 * **Whoever commits, grants.** The process that frees a slot hands it to the head
-  waiter whatever process that waiter belongs to; the owner discovers the lease on
-  its next poll. Polls are read-only (``SELECT id FROM leases WHERE id IN (...)``)
-  and cheap in WAL mode, where readers never block the writer; a poll upgrades to a
-  write transaction only when some entry's ``expires_at`` has passed (a crashed
-  process) or once a second as a safety net.
+  waiter whatever process that waiter belongs to, and writes the grant to the
+  owner's ``inbox``; the owner discovers the lease on its next poll. Polls are
+  read-only (the inbox after the last row seen, at most 256 rows; the positions of
+  at most 32 of the process's waiters, each in turn) and cheap in WAL mode, where
+  readers never block the writer; a poll upgrades to a write transaction only when
+  some process's liveness deadline has passed (a crashed process) or once a second
+  as a safety net.
+* **Liveness per owner** (issue 39). A process renews ONE deadline, its own
+  (``owners``), once per TTL/3 whatever it holds; its leases and waiters live as long
+  as it does. An enqueue or a restore also renews it. The renewal answers how many
+  entries the file holds for the process (``owners.n``, kept by triggers); only when
+  that is fewer than the process holds does the process check its ids, 256 per
+  read, and fence or fail the missing ones. Once an owner's deadline has passed, each
+  write transaction (anybody's) drops up to 128 of its entries, with tombstones, then
+  the owner itself. Restores and closes go 256 ids per transaction: no transaction
+  runs over all of a process's ids. A row's own ``expires_at`` is kept (the layout's
+  columns) but no longer read.
 * **A dedicated thread, group commit.** sqlite3 calls block, so each coordinator owns
   one worker thread and one connection. Store calls are queued to it in order (a
   withdraw reaches the file after its enqueue); each round the thread commits every
@@ -58,11 +75,12 @@ Why it is shaped this way:
   worker compares the path's inode with the open one; when they differ it reopens
   the path and, before any other call, the process re-registers its limits, its live
   leases (only into free slots: a lease whose slot was taken is reported lost and
-  fenced) and its queued waiters, in order, and sets a *quarantine* of one lease TTL
-  in the file, during which nothing new is granted: every process that held slots
-  in the old file renews within that time, notices and re-registers, or reaches
-  its local expiry and fences itself. Left open: a process that never opened the old
-  file, and is the first to reach the new one, is not held back by that quarantine.
+  fenced) and its queued waiters, in order (256 per transaction), and sets a
+  *quarantine* of one lease TTL in the file, during which nothing new is granted:
+  every process that held slots in the old file renews within that time, notices
+  and re-registers, or reaches its local expiry and fences itself. Left open: a
+  process that never opened the old file, and is the first to reach the new one, is
+  not held back by that quarantine.
 
 Expiry uses the wall clock (``time.time()``): it is shared by every process of the
 host, and unlike ``CLOCK_MONOTONIC`` it survives a reboot with the file on disk. A
@@ -75,6 +93,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import logging
 import os
@@ -97,7 +116,7 @@ from ._lease_keeper import (
     Withdrawn,
 )
 from ._protocol import AdmissionSnapshot, StoreUnavailable, new_id
-from ._rule import INTERACTIVE, RANK, lane_of, limit_lookup
+from ._rule import INTERACTIVE, RANK, UNLIMITED, lane_of
 from ._sqlite_values import SCHEMA as VALUES_SCHEMA
 from ._sqlite_values import SQLiteValues
 from ._store_layout import check_sqlite_layout
@@ -107,8 +126,9 @@ _log = logging.getLogger("spacepool.admission")
 
 _SAFETY_PASS_S = 1.0  # a poll runs a full write pass at least this often
 _BATCH = 64  # at most this many store calls share one transaction
-_POSITIONS_EVERY_S = 0.25  # how often a poll refreshes the waiters' positions
-_POSITIONS_PER_POLL = 32  # how many of them (each in turn), at most
+_CHUNK = 256  # ids per transaction in a restore, a drop or a check (none runs over all)
+_INBOX_PER_POLL = 256  # grants a poll reads from the inbox, at most
+_REAP_BUDGET = 128  # entries of owners past their deadline dropped per write transaction
 _CLOSE_WAIT_S = 5.0  # close() waits this long at most for the worker thread (a busy file)
 
 _SCHEMA = (
@@ -142,7 +162,31 @@ _SCHEMA = (
     *VALUES_SCHEMA,
 )
 
+# Liveness per owner (layout 3): the deadlines, the entries per owner, the inbox.
+_OWNERS_SCHEMA = (
+    """CREATE TABLE IF NOT EXISTS owners (owner TEXT PRIMARY KEY, expires_at REAL NOT NULL,
+        n INTEGER NOT NULL DEFAULT 0)""",
+    "CREATE INDEX IF NOT EXISTS owners_expiry ON owners(expires_at)",
+    "CREATE INDEX IF NOT EXISTS leases_owner ON leases(owner)",
+    "CREATE INDEX IF NOT EXISTS waiters_owner ON waiters(owner)",
+    """CREATE TABLE IF NOT EXISTS inbox (seq INTEGER PRIMARY KEY AUTOINCREMENT,
+        owner TEXT NOT NULL, id TEXT NOT NULL)""",
+    "CREATE INDEX IF NOT EXISTS inbox_owner ON inbox(owner, seq)",
+    "CREATE INDEX IF NOT EXISTS inbox_id ON inbox(id)",
+    """CREATE TRIGGER IF NOT EXISTS leases_owner_in AFTER INSERT ON leases BEGIN
+        UPDATE owners SET n = n + 1 WHERE owner = NEW.owner; END""",
+    """CREATE TRIGGER IF NOT EXISTS leases_owner_out AFTER DELETE ON leases BEGIN
+        UPDATE owners SET n = n - 1 WHERE owner = OLD.owner;
+        DELETE FROM inbox WHERE id = OLD.id; END""",
+    """CREATE TRIGGER IF NOT EXISTS waiters_owner_in AFTER INSERT ON waiters BEGIN
+        UPDATE owners SET n = n + 1 WHERE owner = NEW.owner; END""",
+    """CREATE TRIGGER IF NOT EXISTS waiters_owner_out AFTER DELETE ON waiters BEGIN
+        UPDATE owners SET n = n - 1 WHERE owner = OLD.owner; END""",
+)
+_LIVE = "(o.expires_at IS NULL OR o.expires_at >= ?)"  # an entry whose owner is alive
+
 _IDS = "(SELECT value FROM json_each(?))"  # a JSON array parameter as a set of ids
+_Entry = tuple[bool, tuple[str, tuple[str, ...]]]  # (queued, (id, resources)) to restore
 
 
 class SQLiteCoordinator(SharedCoordinator):
@@ -208,6 +252,8 @@ class _SQLiteStore:
     """
 
     name = "sqlite"
+    positions_per_poll = 32  # our waiters whose positions a poll refreshes, in turn...
+    positions_every_s = 0.25  # ...this often at most
 
     def __init__(
         self,
@@ -222,7 +268,6 @@ class _SQLiteStore:
         self.path = path
         self.work = 0
         self._count_work = count_work
-        self._turn = 0  # where the next poll's positions start among the waiting ids
         self.poll_interval_s = poll_interval_s
         self._owner = owner
         self._ttl = lease_ttl_s
@@ -233,10 +278,13 @@ class _SQLiteStore:
         self._secret: bytes | None = None
         self._local: LocalEntries | None = None
         self._limits_set: dict[str, int] = {}
+        self._restore_lock = asyncio.Lock()
         # Worker-thread state:
         self._conn: sqlite3.Connection | None = None
         self._identity: tuple[int, int] | None = None  # (st_dev, st_ino) of the open file
         self._reset_pending = False  # the file changed: only a restore may run
+        self._generation = 0  # files opened after a reset (a restore must finish in one)
+        self._inbox_after = 0  # the last inbox row our polls read
         self._next_safety_pass = 0.0
         self._next_positions = 0.0
         self.values = SQLiteValues(self._transact, self._read)
@@ -266,22 +314,46 @@ class _SQLiteStore:
         raise StoreUnavailable(f"sqlite {self.path}: the file keeps being replaced")
 
     async def _restore(self) -> None:
-        """Re-register this process's limits, live leases and waiters in a new file."""
+        """Re-register this process's limits, live leases and waiters in a new file,
+        ``_CHUNK`` entries per transaction (the others wait until the last one)."""
+        async with self._restore_lock:
+            for _ in range(3):
+                if await self._restore_once():
+                    return
+        raise StoreUnavailable(f"sqlite {self.path}: the file keeps being replaced")
+
+    async def _restore_once(self) -> bool:
+        """One pass over our entries; False if the file was replaced again meanwhile."""
         leases, waiters = self._local.local_entries() if self._local else ([], [])
         limits, secret, ttl = list(self._limits_set.items()), self._secret, self._ttl
+        entries = [(False, e) for e in leases] + [(True, e) for e in waiters]
+        chunks = [entries[i : i + _CHUNK] for i in range(0, len(entries), _CHUNK)] or [[]]
+        refused: list[str] = []
+        generation: list[int] = []  # set by the first chunk, checked by the others
+        for number, chunk in enumerate(chunks):
+            last = number == len(chunks) - 1
 
-        def restore(conn: sqlite3.Connection, now: float) -> list[str] | None:
-            return self._restore_in(conn, now, ttl, limits, secret, leases, waiters)
+            def restore(
+                conn: sqlite3.Connection, now: float, chunk: list[_Entry] = chunk,
+                last: bool = last,
+            ) -> list[str] | bool | None:  # fmt: skip
+                return self._restore_in(conn, now, ttl, limits, secret, chunk, generation, last)
 
-        refused = await self._submit(restore, "write", restore=True)
-        if refused is not None:
-            _log.warning(
-                "sqlite admission store %s was replaced; re-registered %d lease(s) (%d "
-                "refused: their slots were taken), %d waiter(s)",
-                self.path, len(leases) - len(refused), len(refused), len(waiters),
-            )
-            if refused and self._local is not None:
-                self._local.entries_lost(refused)
+            out = await self._submit_once(restore, "write", restore=True)
+            if out is None:  # no reset pending (another call restored already)
+                return True
+            if out is False:  # replaced again under the restore: start over
+                return False
+            assert isinstance(out, list)
+            refused += out
+        _log.warning(
+            "sqlite admission store %s was replaced; re-registered %d lease(s) (%d "
+            "refused: their slots were taken), %d waiter(s)",
+            self.path, len(leases) - len(refused), len(refused), len(waiters),
+        )  # fmt: skip
+        if refused and self._local is not None:
+            self._local.entries_lost(refused)
+        return True
 
     async def _submit_once(
         self,
@@ -335,17 +407,28 @@ class _SQLiteStore:
     async def release(self, lease_id: str, held_s: float) -> StoreView:
         return await self._transact(lambda c, now: self._release(c, now, lease_id, held_s))
 
-    async def poll(self, waiting: Sequence[str]) -> StoreView:
-        ids = list(waiting)
+    async def poll(self, told: Sequence[str]) -> StoreView:
+        ids = list(told)
         return await self._read(lambda conn: self._poll(conn, ids))
 
-    async def renew(self, ids: Sequence[str]) -> set[str]:
-        wanted = list(ids)
-        return await self._transact(lambda c, now: self._renew(c, now, wanted))
+    async def renew(self, held: int, held_ids: Callable[[], Sequence[str]]) -> set[str]:
+        """One renewal of our liveness, whatever we hold; our ids are checked (a chunk
+        per read) only when the file holds fewer entries of ours than ``held``."""
+        found = await self._transact(lambda c, now: self._renew(c, now))
+        if found >= held:
+            return set()
+        ids = list(held_ids())
+        missing: set[str] = set()
+        for i in range(0, len(ids), _CHUNK):
+            part = json.dumps(ids[i : i + _CHUNK])
+            missing.update(await self._read(functools.partial(_missing, ids=part)))
+        return missing
 
     async def drop(self, ids: Sequence[str]) -> None:
-        gone = json.dumps(list(ids))
-        await self._transact(lambda c, now: self._drop(c, now, gone))
+        keys = list(ids)
+        for i in range(0, len(keys), _CHUNK):
+            gone = json.dumps(keys[i : i + _CHUNK])
+            await self._transact(functools.partial(self._drop, ids=gone))
 
     async def set_limits(self, limits: Mapping[str, int]) -> StoreView:
         self._limits_set.update(limits)  # re-registered if the file is ever replaced
@@ -449,6 +532,7 @@ class _SQLiteStore:
             _log.error("sqlite admission store %s was deleted or replaced", self.path)
             self._close()
             self._reset_pending = True
+            self._generation += 1
         if self._conn is None:
             os.makedirs(os.path.dirname(self.path) or "/", exist_ok=True)
             conn = sqlite3.connect(self.path, timeout=self._busy_timeout_s, isolation_level=None)
@@ -472,12 +556,21 @@ class _SQLiteStore:
         ttl: float,
         limits: list[tuple[str, int]],
         secret: bytes | None,
-        leases: list[tuple[str, tuple[str, ...]]],
-        waiters: list[tuple[str, tuple[str, ...]]],
-    ) -> list[str] | None:
-        """Re-register after a reset (see the module doc); None if there was none."""
-        if not self._reset_pending:
-            return None
+        chunk: list[_Entry],
+        generation: list[int],
+        last: bool,
+    ) -> list[str] | bool | None:
+        """Re-register one chunk of our entries after a reset (see the module doc): the
+        ids refused; None if no reset is pending (at the first chunk); False if the file
+        was replaced again since the first chunk. The last one lets the others run."""
+        if not generation:
+            if not self._reset_pending:
+                return None
+            generation.append(self._generation)
+            self._inbox_after = 0  # a new file's inbox starts again
+        elif generation[0] != self._generation:
+            return False
+        # Each chunk: quarantine (from its time), limits, secret, our liveness.
         conn.execute(
             "INSERT INTO meta (key, value) VALUES ('quarantine', ?) ON CONFLICT (key)"
             " DO UPDATE SET value = max(value, excluded.value)",
@@ -486,29 +579,25 @@ class _SQLiteStore:
         conn.executemany("INSERT OR IGNORE INTO limits (resource, lim) VALUES (?, ?)", limits)
         if secret is not None:
             _secret(conn, secret)
-        held = _held(conn, now)
-        limit_of = limit_lookup(_limits(conn))
+        _alive(conn, now, self._owner, ttl)
+        counts = index.Counts(conn)
         refused: list[str] = []
-        for key, resources in leases:
+        for queued, (key, resources) in chunk:
             if _is_gone(conn, now, key):
                 refused.append(key)  # it left the store: never back (issue 22)
-                continue
-            if conn.execute("SELECT 1 FROM leases WHERE id = ?", (key,)).fetchone():
-                continue
-            index.removed(conn, key, now)
-            if not all(held.get(r, 0) < limit_of(r) for r in resources):
-                refused.append(key)  # its slot was given away meanwhile
-                continue
-            for r in resources:
-                held[r] = held.get(r, 0) + 1
-            conn.execute(
-                "INSERT INTO leases (id, owner, resources, ttl_s, granted_at, expires_at)"
-                " VALUES (?, ?, ?, ?, ?, ?)",
-                (key, self._owner, json.dumps(resources), ttl, now, now + ttl),
-            )
-        for key, resources in waiters:
-            if _is_gone(conn, now, key):
-                refused.append(key)
+            elif not queued:
+                if conn.execute("SELECT 1 FROM leases WHERE id = ?", (key,)).fetchone():
+                    continue
+                index.removed(conn, key, now)
+                if any(counts.held(r) >= counts.limit(r) for r in resources):
+                    refused.append(key)  # its slot was given away meanwhile
+                    continue
+                counts.add(resources)
+                conn.execute(
+                    "INSERT INTO leases (id, owner, resources, ttl_s, granted_at, expires_at)"
+                    " VALUES (?, ?, ?, ?, ?, ?)",
+                    (key, self._owner, json.dumps(resources), ttl, now, now + ttl),
+                )
             elif not conn.execute(
                 "SELECT 1 FROM leases WHERE id = ?1 UNION ALL SELECT 1 FROM waiters WHERE id = ?1",
                 (key,),
@@ -520,7 +609,8 @@ class _SQLiteStore:
                      lane_of(resources)),
                 ).lastrowid  # fmt: skip  (re-registered as interactive: the class is not kept)
                 index.enqueued(conn, lane_of(resources), 0, seq or 0, now)
-        self._reset_pending = False
+        if last:
+            self._reset_pending = False
         return refused
 
     def _counted(self) -> int:
@@ -549,6 +639,12 @@ class _SQLiteStore:
                 " SELECT id, owner, resources, ttl_s, ?, ? + ttl_s FROM waiters WHERE id = ?",
                 (now, now, key),
             )
+            # Another process's waiter: its owner's next poll reads it there.
+            conn.execute(
+                "INSERT INTO inbox (owner, id) SELECT owner, id FROM waiters"
+                " WHERE id = ? AND owner != ?",
+                (key, self._owner),
+            )
             conn.execute("DELETE FROM waiters WHERE id = ?", (key,))
 
         granted = index.grant_pass(conn, now, index.Counts(conn), turn_into_lease)
@@ -566,6 +662,7 @@ class _SQLiteStore:
         _reclaim(conn, now)
         if _is_gone(conn, now, key):  # a late enqueue of a withdrawn id (issue 22)
             return StoreView()
+        _alive(conn, now, self._owner, self._ttl)  # the entry lives as long as we do
         lane = lane_of(resources)
         seq = conn.execute(
             "INSERT INTO waiters (id, owner, resources, ttl_s, enqueued_at, expires_at, lane,"
@@ -577,9 +674,13 @@ class _SQLiteStore:
         mine = self._grant(conn, now)
         if key in mine:
             return StoreView(granted=frozenset(mine))
-        position = index.position(conn, key, now, index.Counts(conn), newcomer=True)
+        counts = index.Counts(conn)
+        position = index.position(conn, key, now, counts, newcomer=True)
         return StoreView(
-            granted=frozenset(mine), positions={key: position}, mean_hold_s=_mean_hold(conn)
+            granted=frozenset(mine),
+            positions={key: position},
+            limits=_limits_of(counts, resources),  # what its estimate needs, not the table
+            mean_hold_s=_mean_hold(conn),
         )
 
     def _withdraw(self, conn: sqlite3.Connection, now: float, key: str, keep: bool) -> Withdrawn:
@@ -615,50 +716,46 @@ class _SQLiteStore:
             _log.warning("lease %s was gone from the store (expired?) at release", key[:8])
         return StoreView(granted=frozenset(self._grant(conn, now)))
 
-    def _poll(self, conn: sqlite3.Connection, waiting: list[str]) -> StoreView:
+    def _poll(self, conn: sqlite3.Connection, told: list[str]) -> StoreView:
+        """Our grants made by others (the inbox after the last row read, at most
+        ``_INBOX_PER_POLL``) and the positions of ``told``: bounded reads, whatever we
+        hold; a write pass when an owner's deadline has passed, or once a second."""
         now = time.time()
-        (due,) = conn.execute(
-            "SELECT MIN(e) FROM (SELECT MIN(expires_at) AS e FROM leases"
-            " UNION ALL SELECT MIN(expires_at) FROM waiters)"
-        ).fetchone()
+        (due,) = conn.execute("SELECT MIN(expires_at) FROM owners").fetchone()
         mine: set[str] = set()
         if now >= self._next_safety_pass or (due is not None and due < now):
             mine = _write(conn, self._grant)
             self._next_safety_pass = now + _SAFETY_PASS_S
-        # Our own leases (no more than we hold and were just granted), not the ids we
-        # wait for: a poll costs the same with 500 waiters as with 10.
-        wanted = set(waiting)
-        mine.update(r for (r,) in conn.execute("SELECT id FROM leases WHERE owner = ?",
-                                               (self._owner,)) if r in wanted)
-        if now < self._next_positions:
+        rows = conn.execute(
+            "SELECT seq, id FROM inbox WHERE owner = ? AND seq > ? ORDER BY seq LIMIT ?",
+            (self._owner, self._inbox_after, _INBOX_PER_POLL),
+        ).fetchall()
+        if rows:
+            self._inbox_after = rows[-1][0]
+            mine.update(key for _, key in rows)
+        if not told:
             return StoreView(granted=frozenset(mine))
-        self._next_positions = now + _POSITIONS_EVERY_S
-        # A few waiters' positions per round, in turn, each O(log n): not every waiter's.
-        count = len(waiting)
-        start = self._turn % count if count else 0
-        told = [waiting[(start + i) % count] for i in range(min(count, _POSITIONS_PER_POLL))]
-        self._turn = start + len(told)
         counts = index.Counts(conn)
-        positions = {key: index.position(conn, key, now, counts) for key in told}
+        positions: dict[str, int] = {}
+        limits: dict[str, int] = {}
+        for key in told:  # each O(log n): a few waiters per round, in turn
+            position = index.position(conn, key, now, counts)
+            row = conn.execute("SELECT resources FROM waiters WHERE id = ?", (key,)).fetchone()
+            if position and row is not None:
+                positions[key] = position
+                limits.update(_limits_of(counts, json.loads(row[0])))
         return StoreView(
             granted=frozenset(mine),
-            positions={key: p for key, p in positions.items() if p},
-            limits=_limits(conn),
+            positions=positions,
+            limits=limits,
             mean_hold_s=_mean_hold(conn),
         )
 
-    def _renew(self, conn: sqlite3.Connection, now: float, ids: list[str]) -> set[str]:
-        wanted = json.dumps(ids)
-        for table in ("leases", "waiters"):
-            conn.execute(
-                f"UPDATE {table} SET expires_at = ? + ttl_s WHERE id IN {_IDS}", (now, wanted)
-            )
-        found = conn.execute(
-            f"SELECT id FROM leases WHERE id IN {_IDS} UNION ALL"
-            f" SELECT id FROM waiters WHERE id IN {_IDS}",
-            (wanted, wanted),
-        )
-        return set(ids) - {r for (r,) in found}
+    def _renew(self, conn: sqlite3.Connection, now: float) -> int:
+        """Push back our liveness; how many entries of ours the file holds."""
+        _alive(conn, now, self._owner, self._ttl)
+        row = conn.execute("SELECT n FROM owners WHERE owner = ?", (self._owner,)).fetchone()
+        return 0 if row is None else int(row[0])
 
     def _drop(self, conn: sqlite3.Connection, now: float, ids: str) -> None:
         keys = json.loads(ids)
@@ -670,6 +767,8 @@ class _SQLiteStore:
         conn.execute(f"DELETE FROM leases WHERE id IN {_IDS}", (ids,))
         for key in keys:
             index.removed(conn, key, now)
+        # Nothing of ours left (the last chunk of a close): our liveness goes too.
+        conn.execute("DELETE FROM owners WHERE owner = ? AND n <= 0", (self._owner,))
         self._grant(conn, now)
 
     def _set_limits(
@@ -691,13 +790,15 @@ class _SQLiteStore:
             held = _held(conn, now)
             queued: dict[str, int] = dict(
                 conn.execute(
-                    "SELECT j.value, COUNT(*) FROM waiters, json_each(waiters.resources) AS j"
-                    " WHERE waiters.expires_at >= ? GROUP BY j.value",
+                    "SELECT j.value, COUNT(*) FROM waiters AS w LEFT JOIN owners AS o"
+                    f" ON o.owner = w.owner JOIN json_each(w.resources) AS j WHERE {_LIVE}"
+                    " GROUP BY j.value",
                     (now,),
                 )
             )
             waiting, batch = conn.execute(
-                "SELECT COUNT(*), COALESCE(SUM(rank), 0) FROM waiters WHERE expires_at >= ?",
+                "SELECT COUNT(*), COALESCE(SUM(w.rank), 0) FROM waiters AS w"
+                f" LEFT JOIN owners AS o ON o.owner = w.owner WHERE {_LIVE}",
                 (now,),
             ).fetchone()
             limits = _limits(conn)
@@ -772,16 +873,54 @@ def _create_schema(conn: sqlite3.Connection, _now: float, path: str) -> None:
             conn.execute(f"ALTER TABLE waiters ADD COLUMN {column} {kind}")
     conn.execute("CREATE INDEX IF NOT EXISTS waiters_lane ON waiters(lane, rank, seq)")
     index.create(conn)
+    new = not conn.execute(
+        "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'owners'"
+    ).fetchone()
+    for statement in _OWNERS_SCHEMA:
+        conn.execute(statement)
+    if new:  # a file of an earlier layout: its entries' owners live until their rows' end
+        conn.execute(
+            "INSERT INTO owners (owner, expires_at, n) SELECT owner, MAX(e), COUNT(*) FROM"
+            " (SELECT owner, expires_at AS e FROM leases UNION ALL"
+            " SELECT owner, expires_at FROM waiters) GROUP BY owner"
+        )
 
 
 def _held(conn: sqlite3.Connection, now: float) -> dict[str, int]:
+    """Slots held per resource by live owners (the snapshot: a whole-table read)."""
     return dict(
         conn.execute(
-            "SELECT j.value, COUNT(*) FROM leases, json_each(leases.resources) AS j"
-            " WHERE leases.expires_at >= ? GROUP BY j.value",
+            "SELECT j.value, COUNT(*) FROM leases AS l LEFT JOIN owners AS o"
+            f" ON o.owner = l.owner JOIN json_each(l.resources) AS j WHERE {_LIVE}"
+            " GROUP BY j.value",
             (now,),
         )
     )
+
+
+def _limits_of(counts: index.Counts, resources: Iterable[str]) -> dict[str, int]:
+    """The limits of these resources (their own or their prefix's), the set ones only."""
+    found = {r: counts.limit(r) for r in resources}
+    return {r: n for r, n in found.items() if n != UNLIMITED}
+
+
+def _alive(conn: sqlite3.Connection, now: float, owner: str, ttl_s: float) -> None:
+    """Push back ``owner``'s liveness deadline (every entry of it lives as long)."""
+    conn.execute(
+        "INSERT INTO owners (owner, expires_at) VALUES (?, ?) ON CONFLICT (owner)"
+        " DO UPDATE SET expires_at = max(expires_at, excluded.expires_at)",
+        (owner, now + ttl_s),
+    )
+
+
+def _missing(conn: sqlite3.Connection, ids: str) -> set[str]:
+    """Of these ids (a JSON array: one chunk), those neither a lease nor a waiter."""
+    found = conn.execute(
+        f"SELECT id FROM leases WHERE id IN {_IDS} UNION ALL"
+        f" SELECT id FROM waiters WHERE id IN {_IDS}",
+        (ids, ids),
+    )
+    return set(json.loads(ids)) - {r for (r,) in found}
 
 
 def _limits(conn: sqlite3.Connection) -> dict[str, int]:
@@ -811,20 +950,31 @@ def _bury(conn: sqlite3.Connection, now: float, ids: Iterable[str], ttl_s: float
 
 
 def _reclaim(conn: sqlite3.Connection, now: float) -> None:
-    """Delete the expired leases (waking what they held) and waiters, burying their ids."""
-    for key, resources, ttl_s in conn.execute(
-        "SELECT id, resources, ttl_s FROM leases WHERE expires_at < ?", (now,)
-    ).fetchall():
-        conn.execute("INSERT OR REPLACE INTO gone (id, expires_at) VALUES (?, ?)",
-                     (key, now + ttl_s))  # fmt: skip
-        conn.execute("DELETE FROM leases WHERE id = ?", (key,))
-        index.wake(conn, json.loads(resources))
-    for key, ttl_s in conn.execute(
-        "SELECT id, ttl_s FROM waiters WHERE expires_at < ?", (now,)
-    ).fetchall():
-        conn.execute("INSERT OR REPLACE INTO gone (id, expires_at) VALUES (?, ?)",
-                     (key, now + ttl_s))  # fmt: skip
-        index.removed(conn, key, now)
+    """Drop up to ``_REAP_BUDGET`` entries of owners whose deadline has passed (waking
+    what their leases held, burying their ids), and the owners left with none."""
+    budget = _REAP_BUDGET
+    dead = conn.execute(
+        "SELECT owner FROM owners WHERE expires_at < ? ORDER BY expires_at LIMIT 4", (now,)
+    ).fetchall()
+    for (owner,) in dead:
+        for key, resources, ttl_s in conn.execute(
+            "SELECT id, resources, ttl_s FROM leases WHERE owner = ? LIMIT ?", (owner, budget)
+        ).fetchall():
+            conn.execute("INSERT OR REPLACE INTO gone (id, expires_at) VALUES (?, ?)",
+                         (key, now + ttl_s))  # fmt: skip
+            conn.execute("DELETE FROM leases WHERE id = ?", (key,))
+            index.wake(conn, json.loads(resources))
+            budget -= 1
+        for key, ttl_s in conn.execute(
+            "SELECT id, ttl_s FROM waiters WHERE owner = ? LIMIT ?", (owner, budget)
+        ).fetchall():
+            conn.execute("INSERT OR REPLACE INTO gone (id, expires_at) VALUES (?, ?)",
+                         (key, now + ttl_s))  # fmt: skip
+            index.removed(conn, key, now)
+            budget -= 1
+        if budget <= 0:
+            return  # the next write transaction goes on
+        conn.execute("DELETE FROM owners WHERE owner = ?", (owner,))
 
 
 def _is_gone(conn: sqlite3.Connection, now: float, key: str) -> bool:

@@ -26,8 +26,8 @@ from typing import Any
 _log = logging.getLogger("spacepool.admission")
 
 REDIS_LAYOUT = 2  # 2: lanes parked under a full resource, owners' liveness (issue 39)
-SQLITE_LAYOUT = 2  # 2: the grant index's tables and triggers (issue 39)
-_SQLITE_MIGRATES = {1}  # drained files of these layouts are upgraded in place at open
+SQLITE_LAYOUT = 3  # 2: the grant index's tables and triggers; 3: owners' liveness (issue 39)
+_SQLITE_MIGRATES = {1, 2}  # drained files of these layouts are upgraded in place at open
 _UNVERSIONED = 1  # a store made before the layout was recorded
 
 # KEYS: layout, meta; ARGV: our version, "claim" ("1": write ours even over an
@@ -88,7 +88,7 @@ def check_sqlite_layout(conn: sqlite3.Connection, where: str) -> None:
     if version == 0:
         tables = conn.execute("SELECT COUNT(*) FROM sqlite_master WHERE type = 'table'")
         version = _UNVERSIONED if int(tables.fetchone()[0]) else SQLITE_LAYOUT
-    if version in _SQLITE_MIGRATES:  # the schema's creation adds what layout 2 needs
+    if version in _SQLITE_MIGRATES:  # the schema's creation adds what the layout needs
         _log.warning("sqlite %s: upgrading the store from layout %d to %d (every process"
                      " of the earlier release must be stopped)", where, version, SQLITE_LAYOUT)
         version = SQLITE_LAYOUT

@@ -9,6 +9,7 @@ import pytest
 
 from pool import BusyError, MisuseError, PoolClosedError
 from pool.admission import CONSUMER_PREFIX, Coordinator, Lease, open_coordinator, plan_grants
+from pool.admission._memory import MemoryCoordinator
 from pool.admission._rule import limit_lookup
 
 from .conftest import Opener
@@ -174,6 +175,39 @@ async def test_slot_handed_to_a_cancelled_waiter_is_passed_on(coord: Coordinator
     lease = await second
     assert (await coord.snapshot()).held == {GLOBAL: 1}
     await coord.release(lease)
+
+
+async def test_memory_slot_granted_to_a_waiter_cancelled_before_it_ran_is_passed_on() -> None:
+    """Memory store: a waiter's future is cancelled with its task; a pass that reaches
+    it before the task ran its exit passes the slot on."""
+    coord = MemoryCoordinator()
+    await coord.set_limits({GLOBAL: 1})
+    holder = await coord.acquire([GLOBAL], timeout=1)
+    first, _ = await queue(coord, [GLOBAL])
+    second, _ = await queue(coord, [GLOBAL])
+    first.cancel()  # its task has not run yet: still queued in the store
+    await coord.release(holder)  # the pass meets `first` first
+    with pytest.raises(asyncio.CancelledError):
+        await first
+    lease = await second
+    assert (await coord.snapshot()).held == {GLOBAL: 1}
+    await coord.release(lease)
+    await coord.aclose()
+
+
+async def test_memory_waiters_timing_out_together_all_end_busy() -> None:
+    """Memory store: one timer holds every deadline; 600 waiters due at once all end in
+    BusyError (a bounded number per loop iteration) and leave nothing queued."""
+    coord = MemoryCoordinator()
+    await coord.set_limits({GLOBAL: 1})
+    holder = await coord.acquire([GLOBAL], timeout=1)
+    waiting = [asyncio.create_task(coord.acquire([GLOBAL], timeout=0.1)) for _ in range(600)]
+    ended = await asyncio.gather(*waiting, return_exceptions=True)
+    assert all(isinstance(e, BusyError) and e.queue_position >= 1 for e in ended)
+    snap = await coord.snapshot()
+    assert (snap.held, snap.waiting, snap.queued) == ({GLOBAL: 1}, 0, {})
+    await coord.release(holder)
+    await coord.aclose()
 
 
 async def test_double_release_raises(coord: Coordinator) -> None:

@@ -198,8 +198,14 @@ async def expire(coord: Coordinator, url: str, lease: Lease) -> None:
         await coord.release(lease)
         return
     if url.startswith("sqlite:"):
+        # Liveness is per owner: the lease moves to an owner whose deadline has passed
+        # (deleted and inserted again, so that the triggers keep the counts).
         with contextlib.closing(sqlite3.connect(url.removeprefix("sqlite://").split("?")[0])) as db:
-            db.execute("UPDATE leases SET expires_at = 0 WHERE id = ?", (lease.lease_id,))
+            db.execute("INSERT OR REPLACE INTO owners (owner, expires_at) VALUES ('vanished', 0)")
+            row = db.execute("SELECT * FROM leases WHERE id = ?", (lease.lease_id,)).fetchone()
+            db.execute("DELETE FROM leases WHERE id = ?", (lease.lease_id,))
+            db.execute("INSERT INTO leases VALUES (?, 'vanished', ?, ?, ?, ?)",
+                       (row[0], *row[2:]))  # fmt: skip
             db.commit()
     else:
         # Liveness is per owner: the lease moves to an owner whose deadline has passed.

@@ -3,8 +3,10 @@ stay within a constant from 1 to 10,000 waiters and from 1 to 1,000 Spaces.
 
 The memory store counts the entries of its grant index it touches
 (``MemoryCoordinator.work``); the SQLite store counts the virtual-machine steps of its
-statements (``SQLiteCoordinator.work``, SQLite's progress handler). Each test builds
-the same scene small and large and compares one operation's count.
+statements (``SQLiteCoordinator.work``, SQLite's progress handler), and the lease
+keeper of a shared store the entries its heartbeat and poller touch
+(``keeper_work``). Each test builds the same scene small and large and compares one
+operation's (or one cycle's) count.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from pathlib import Path
 
 from pool.admission import CONSUMER_PREFIX, Lease, WaitTicket
 from pool.admission import _sqlite_index as index
+from pool.admission._lease_keeper import _Waiter
 from pool.admission._memory import MemoryCoordinator
 from pool.admission._rule import lane_of
 from pool.admission._sqlite import SQLiteCoordinator
@@ -181,3 +184,89 @@ async def test_sqlite_operations_visit_the_same_rows_at_fleet_scale(tmp_path: Pa
     print(f"sqlite: 1 waiter/1 Space {small}; 10,000/1,000 and a backlog {large}")
     for name, count in small.items():
         assert large[name] <= 1.5 * count + 10, f"{name}: {count} steps grew to {large[name]}"
+
+
+# -- the lease keeper's cycles (issue 39, item 6) -------------------------------------------
+HELD = [(1, 1), (1, 63), (1_000, 9_000)]  # (leases, waiters) one process holds
+
+
+async def _holding(coord: SQLiteCoordinator, leases: int, waiters: int) -> list[str]:
+    """Give ``coord`` that many leases (one per Space, limit 1) and waiters queued behind
+    them, written in one transaction of its own store under its owner, and known to its
+    lease keeper as if each had been acquired; returns the waiters' ids."""
+    store = coord._store
+    holds = [(f"l{i}", (GLOBAL, f"space:s{i}")) for i in range(leases)]
+    queued = [(f"w{n}", (GLOBAL, f"space:s{n % leases}")) for n in range(waiters)]
+
+    def write(conn: sqlite3.Connection, now: float) -> None:
+        conn.execute("INSERT INTO limits (resource, lim) VALUES ('space:', 1)")
+        conn.execute("INSERT INTO owners (owner, expires_at) VALUES (?, ?)",
+                     (store._owner, now + 600))  # fmt: skip
+        conn.executemany(
+            "INSERT INTO leases (id, owner, resources, ttl_s, granted_at, expires_at)"
+            " VALUES (?, ?, ?, 600, ?, ?)",
+            [(key, store._owner, json.dumps(res), now, now + 600) for key, res in holds],
+        )
+        conn.executemany(
+            "INSERT INTO waiters (id, owner, resources, ttl_s, enqueued_at, expires_at, lane,"
+            " rank, ages_at) VALUES (?, ?, ?, 600, ?, ?, ?, 0, ?)",
+            [(key, store._owner, json.dumps(res), now, now + 600, lane_of(res), now + 600)
+             for key, res in queued],
+        )  # fmt: skip
+        for lane in {lane_of(res) for _, res in queued}:
+            (seq,) = conn.execute("SELECT MIN(seq) FROM waiters WHERE lane = ?", (lane,))
+            index.enqueued(conn, lane, 0, seq[0], now + 600)
+        store._grant(conn, now)  # parks every lane under its full Space
+
+    await store._transact(write)
+    for key, res in holds:
+        coord._new_lease(key, _Waiter(res, WaitTicket()))
+    for key, res in queued:
+        waiter = coord._waiters[key] = _Waiter(res, WaitTicket())
+        waiter.enqueued = True
+        coord._enqueued += 1
+        coord._add_turn(key)
+    return [key for key, _ in queued]
+
+
+async def _cycles(leases: int, waiters: int, path: Path) -> dict[str, tuple[int, int]]:
+    """(lease-keeper entries, SQLite steps) of one heartbeat and one poll (positions
+    due, with its once-a-second write pass), once the process holds that much."""
+    coord = SQLiteCoordinator(f"sqlite:///{path}", lease_ttl_s=600, count_work=True)
+    queued = await _holding(coord, leases, waiters)
+    try:
+        await coord._heartbeat(timeout=5)  # the first one covers the new leases, once
+        counts = {}
+        before = coord.keeper_work, coord.work
+        await coord._heartbeat(timeout=5)
+        counts["heartbeat"] = coord.keeper_work - before[0], coord.work - before[1]
+        coord._next_positions = 0.0
+        coord._store._next_safety_pass = 0.0
+        before = coord.keeper_work, coord.work
+        await coord._poll_once()
+        counts["poll"] = coord.keeper_work - before[0], coord.work - before[1]
+        # Every entry is still there: the renewal found the count it expected.
+        assert coord._live_leases == leases and coord._enqueued == waiters
+        return counts
+    finally:
+        for key in queued:  # nobody awaits them: leave quietly
+            waiter = coord._take_waiter(key)
+            if waiter is not None:
+                waiter.future.cancel()
+        await coord.aclose()
+
+
+async def test_lease_keeper_cycles_cost_the_same_from_1_to_10_000_held_ids(
+    tmp_path: Path,
+) -> None:
+    """SQLite store: one heartbeat (a renewal of the process's liveness) and one poll
+    (its grants, 32 positions, a write pass) touch as many keeper entries and run as
+    many statement steps with 1,000 leases and 9,000 waiters as with 1 lease and 1
+    waiter (the poll: as with 63 waiters, enough for a full round of positions)."""
+    one, round_, many = [await _cycles(*held, tmp_path / f"{n}.db")
+                         for n, held in enumerate(HELD)]  # fmt: skip
+    print(f"lease keeper (entries, steps): 2 ids {one}; 64 ids {round_}; 10,000 ids {many}")
+    for part in range(2):
+        assert many["heartbeat"][part] <= one["heartbeat"][part] + 2, many["heartbeat"]
+        small = round_["poll"][part]
+        assert many["poll"][part] <= 1.5 * small + 10, f"poll: {small} grew to {many['poll']}"
