@@ -35,7 +35,12 @@ def _serialize_ast_parse() -> None:
     hypothesis reads its strategies' lambdas (``hypothesis/internal/lambda_sources.py``),
     pytest rewrites plugin modules on import, and Python 3.11's ``traceback`` parses
     every line it underlines when a thread of an app under test logs an exception.
-    Seen in CI as test_fuzz's hypothesis run failing while the app thread logged."""
+    Seen in CI as test_fuzz's hypothesis run failing while the app thread logged.
+
+    ``compile`` converts too, both ways: an AST object in (pytest's assertion rewriting
+    compiles the tree it rewrote, on an import in any thread) or ``PyCF_ONLY_AST`` out;
+    those calls take the same lock. Seen: an xdist worker died of the mismatch while
+    pytest parsed a failure's source to show it, and the whole run stopped with it."""
     parse = ast.parse
     lock = threading.RLock()
 
@@ -45,6 +50,20 @@ def _serialize_ast_parse() -> None:
             return parse(*args, **kwargs)  # type: ignore[arg-type]
 
     ast.parse = serialized  # type: ignore[assignment]
+
+    import builtins
+
+    plain_compile = builtins.compile
+
+    @functools.wraps(plain_compile)
+    def compile_serialized(source: object, *args: object, **kwargs: object) -> object:
+        flags = args[2] if len(args) > 2 else kwargs.get("flags", 0)
+        if isinstance(source, ast.AST) or int(flags) & ast.PyCF_ONLY_AST:  # type: ignore[call-overload]
+            with lock:
+                return plain_compile(source, *args, **kwargs)  # type: ignore[call-overload]
+        return plain_compile(source, *args, **kwargs)  # type: ignore[call-overload]
+
+    builtins.compile = compile_serialized  # type: ignore[assignment]
 
 
 _serialize_ast_parse()
