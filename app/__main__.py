@@ -9,6 +9,8 @@
   exchanges files (``/flip`` an image, ``/report`` a text file). ``alpha`` and ``pic``
   have ``/echo(text, delay_s)`` (slow with a delay: the queue's demo); a call without
   ``"space"`` goes to the Spaces that have its endpoint (README: the demo's endpoints).
+* With the demo Spaces, ``POOL_GRADIO_PAGES`` defaults to them: each one's own Gradio
+  page is served at ``/gradio/{alias}/`` (the banner prints the URLs).
 * ``POOL_ADMIN_TOKEN`` unset: a random one is generated and printed once, here — the
   operator's own terminal is the one place a token may be shown.
 * ``POOL_COORDINATOR_URL`` unset: ``memory://`` (this command runs one process).
@@ -61,6 +63,8 @@ def _demo_spaces() -> Iterator[None]:
         names=list(DEMO_SPACES), kind=list(DEMO_SPACES.values()), startup_timeout_s=180
     ) as fleet:
         os.environ["POOL_SPACES"] = fleet.pool_spaces_env()
+        # The demo's own Spaces: their pages are served (docs/security.md says when not to).
+        os.environ.setdefault("POOL_GRADIO_PAGES", ",".join(DEMO_SPACES))
         print(f"  POOL_SPACES={os.environ['POOL_SPACES']}", flush=True)
         try:
             yield
@@ -76,6 +80,16 @@ def _admin_token() -> str | None:
     token = secrets.token_urlsafe(24)
     os.environ["POOL_ADMIN_TOKEN"] = token
     return token
+
+
+def _demo_pages() -> list[str]:
+    """The demo Spaces whose pages are served (``POOL_GRADIO_PAGES``, which the demo
+    sets to them unless the caller set it)."""
+    words = {w.strip() for w in os.environ.get("POOL_GRADIO_PAGES", ",".join(DEMO_SPACES))
+             .split(",") if w.strip()}  # fmt: skip
+    if {w.lower() for w in words} & {"true", "1", "yes", "on"}:
+        return list(DEMO_SPACES)
+    return [name for name in DEMO_SPACES if name in words]
 
 
 def _banner(url: str, generated_token: str | None, *, demo: bool) -> str:
@@ -120,6 +134,10 @@ def _banner(url: str, generated_token: str | None, *, demo: bool) -> str:
             f"Dashboard: {url}/admin    Endpoints of a Space: {url}/api/spaces/pic/api",
             "",
         ]
+        pages = _demo_pages()
+        if pages:
+            lines += ["Each demo Space's own page through the pool (open one in a browser):"]
+            lines += [f"  {name}: {url}/gradio/{name}/" for name in pages] + [""]
     return "\n".join(lines)
 
 

@@ -9,27 +9,20 @@ the metrics to its hooks, runs the job runner, and on shutdown cancels running j
 and closes the pool (every connection and lease): once shutdown returns, the process
 has the threads and file descriptors it had before the pool was first used.
 
-Behind this module, one concept each:
+This module is wiring only: it builds the parts and hands them to the routes through
+the app's typed :class:`~app.core.Services`. The parts live in folders by face, each
+folder's ``__init__`` its face (docs/architecture.md):
 
-* :mod:`app.api._predict` — the endpoints, happy paths only;
-* :mod:`app.core._errors` — every error mapped to a status code, in one place;
-* :mod:`app.edge._auth` — bearer tokens and API keys, the one boundary of both faces;
-  :mod:`app.teams._keys` — API keys (consumers with limits); :mod:`app.teams._usage` — usage per
-  key and user, daily quotas; :mod:`app.admin._teams` — ``/api/admin/keys``, ``/usage``;
-* :mod:`app.edge._schemas` — bodies and limits;
-* :mod:`app.jobs._runner` — background jobs behind a small store interface;
-  :mod:`app.jobs._shared` and :mod:`app.jobs._reclaim` — jobs every worker reads, and
-  reclaims from a lost worker;
-* :mod:`app.calls._inputs` — request bodies, JSON or multipart, and file arguments;
-* :mod:`app.edge._files` — output files: the download folder, ``/api/files/{token}``;
-* :mod:`app.api._spaces` — discovery: ``/api/spaces``, ``/api/spaces/{name}/api``;
-* :mod:`app.api._sessions` — ``/api/sessions``: conversations that keep a Space's state;
-* :mod:`app.api._streaming` — ``POST /api/predict`` answered as Server-Sent Events;
-* :mod:`app.core._metrics` — Prometheus; :mod:`app.core._logging` — JSON access log;
-* :mod:`app.core._limits` — request body size cap; :mod:`app.core._settings` — the knobs;
-* :mod:`app.gradio` — ``/gradio/{alias}/`` and ``/gradio/``: the Gradio API itself;
-* :mod:`app.admin._dashboard` — ``GET /admin``, the page; :mod:`app.admin._history` — the rolling
-  activity (requests per minute, error classes, queue history) it and pool-stats show.
+* :mod:`app.core` — settings, errors answered by exception class, the JSON access log,
+  metrics, tracing, draining, the body cap, the checks at start, the services;
+* :mod:`app.teams` — API keys (consumers with limits) and usage per key and user;
+* :mod:`app.edge` — the one trust boundary both faces use: tokens and keys, the
+  boundary's checks of values and files, bodies, the output-file store;
+* :mod:`app.calls` — a call's body read and checked, its progress;
+* :mod:`app.jobs` — background jobs, shared between workers, reclaimed, idempotent;
+* :mod:`app.api` — the JSON API: predict, jobs, files, discovery, sessions;
+* :mod:`app.admin` — operations (probes, pool-stats, metrics), the dashboard, API keys;
+* :mod:`app.gradio` — ``/gradio/{alias}/`` and ``/gradio/``: the Gradio API itself.
 """
 
 from __future__ import annotations
@@ -41,29 +34,31 @@ import logging
 import os
 import sys
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from importlib import metadata
 
 from fastapi import FastAPI
+from opentelemetry.trace import TracerProvider
 from pydantic import ValidationError
 
-from pool import Pool, get_pool
-from pool._tasks import cancel_and_wait
+from pool import Pool, cancel_and_wait, get_pool
 from pool.admission import SharedValues
 
-from .admin import Activity, Readiness, dashboard_router, run_sampler
+from .admin import Activity, Readiness, dashboard_router, ops_router, run_sampler
 from .admin import teams_router as team_router
-from .api import predict_router as router
-from .api import sessions_router, spaces_router
+from .api import files_router, jobs_router, predict_router, sessions_router, spaces_router
 from .core import (
     AccessLog,
     BodySizeLimit,
     Draining,
+    Services,
     ServiceSettings,
     StreamCaps,
     TraceRequests,
     configure_logging,
     on_pool_event,
     outbound_port_problem,
+    services_of,
 )
 from .core import errors as _errors
 from .core import startup as _startup
@@ -73,12 +68,11 @@ from .edge import (
     FileOutput,
     FileStore,
     PredictRequest,
-    files_router,
     gate_of,
     run_sweeper,
 )
-from .gradio import FrontSessions
-from .gradio import event_of as gradio_event_of
+from .gradio import FrontCors, FrontSessions
+from .gradio import pages_router as gradio_pages_router
 from .gradio import router as gradio_router
 from .jobs import JobRunner, MemoryJobStore, Reclaimer, SharedJobStore
 from .teams import Keys, Usage
@@ -86,11 +80,10 @@ from .teams import Keys, Usage
 _log = logging.getLogger("spacepool.app")
 
 
-@contextlib.asynccontextmanager
-async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
-    settings: ServiceSettings = app.state.settings
-    configure_logging()
-    if not _startup.CHECKED:  # python -m app checked them before its banner
+def _check_settings(settings: ServiceSettings) -> None:
+    """The environment checked (unless ``python -m app`` did before its banner), then the
+    warnings about what the settings leave open."""
+    if not _startup.CHECKED:
         problems, warnings = _startup.check_environment(os.environ)
         for line in warnings:
             _log.warning(line)
@@ -98,7 +91,6 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
             for line in problems:
                 _log.error(line)
             raise RuntimeError(f"{len(problems)} setting(s) malformed (logged above)")
-    tracing = _tracing.configure()  # OTLP when OTEL_EXPORTER_OTLP_ENDPOINT is set
     if settings.admin_token is None:
         _log.warning("POOL_ADMIN_TOKEN is not set: every /api/admin/* request is refused")
     if settings.api_token is None:
@@ -110,6 +102,10 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
     if settings.gradio_queue_wait_s is not None:
         _log.warning("POOL_GRADIO_QUEUE_WAIT_S is obsolete and ignored: Gradio front joins are"
                      " answered at once, their events wait up to POOL_QUEUE_TIMEOUT_S")  # fmt: skip
+
+
+async def _start_pool() -> Pool:
+    """The process-wide pool, started; a store that cannot be reached is one clear line."""
     try:
         pool = get_pool()
         await pool.start()
@@ -119,37 +115,40 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
         if down is not None:  # a configuration problem, not a busy service: say only that
             raise RuntimeError(down) from None
         raise
+    return pool
+
+
+async def _start_teams(pool: Pool, services: Services) -> tuple[Activity, Keys, Usage]:
+    """The pool's observers (metrics, the dashboard's activity, usage) and the key store."""
     pool.hooks.append(on_pool_event)
-    activity = Activity()
+    activity = services.provide(Activity())
     pool.hooks.append(activity.on_event)
-    app.state.activity = activity
-    keys = app.state.keys = Keys(lambda: pool.coordinator.values)
+    keys = services.provide(Keys(lambda: pool.coordinator.values))
     await keys.start()
-    usage = app.state.usage = Usage(lambda: pool.coordinator.values)
-    app.state.streams = StreamCaps(settings.max_streams_per_caller)  # app/core/_streams.py
+    usage = services.provide(Usage(lambda: pool.coordinator.values))
+    services.provide(StreamCaps(services.settings.max_streams_per_caller))
     pool.hooks.append(usage.on_event)
     usage.start()
-    readiness = app.state.readiness = Readiness()
-    sampler = asyncio.get_running_loop().create_task(run_sampler(activity, pool))
-    local = MemoryJobStore(
-        retention_s=settings.job_retention_s,
-        max_jobs=settings.job_max,
-        history=pool.settings.stream_keep,
-    )
-    files = FileStore(
+    return activity, keys, usage
+
+
+def _start_files(settings: ServiceSettings, services: Services) -> tuple[FileStore, Boundary]:
+    """The output-file store and the trust boundary that checks every file and value."""
+    files = services.provide(FileStore(
         settings.file_dir,
         ttl_s=settings.file_ttl_s,
         max_total_bytes=settings.file_max_total_bytes,
-    )
-    app.state.files = files
-    boundary = app.state.boundary = Boundary(
+    ))  # fmt: skip
+    boundary = services.provide(Boundary(
         files, allow_urls=settings.allow_file_urls, outputs_ttl_s=settings.file_ttl_s
-    )
-    runner, reclaim = _job_runner(local, pool, settings, files, boundary, keys, usage)
-    app.state.jobs = runner
-    sweeper = asyncio.get_running_loop().create_task(run_sweeper(files))
-    draining = Draining()  # set by a stop signal: the streams that never end end
-    front = app.state.gradio_sessions = FrontSessions(
+    ))  # fmt: skip
+    return files, boundary
+
+
+def _start_front(pool: Pool, services: Services, draining: Draining) -> FrontSessions:
+    """The Gradio front's sessions."""
+    settings = services.settings
+    front = services.provide(FrontSessions(
         settings.gradio_session_idle_s,
         max_sessions=settings.gradio_max_sessions,
         max_per_user=settings.gradio_max_sessions_per_user,
@@ -157,39 +156,94 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
         # run front events, the rest stay for the JSON API.
         max_upstream=max(1, pool.settings.max_connections // 2),
         max_queued=settings.gradio_queue_max_size,
-        boundary=boundary,
+        boundary=services.get(Boundary),
         pool=pool,
-        event_of=gradio_event_of,
         draining=draining,
+    ))  # fmt: skip
+    front.gate_of = functools.partial(gate_of, services.get(Keys), services.get(Usage))
+    return front
+
+
+@dataclass
+class _Running:
+    """What the lifespan started; :meth:`stop` ends it in this order."""
+
+    pool: Pool
+    activity: Activity
+    keys: Keys
+    usage: Usage
+    readiness: Readiness
+    files: FileStore
+    runner: JobRunner
+    front: FrontSessions
+    draining: Draining
+    tracing: TracerProvider | None
+    sampler: asyncio.Task[None]
+    reclaim: asyncio.Task[None]
+    sweeper: asyncio.Task[None]
+    space_probe: asyncio.Task[dict[str, str]]
+
+    async def stop(self) -> None:
+        self.draining.uninstall()
+        await cancel_and_wait(self.space_probe)
+        self.reclaim.cancel()
+        await self.front.aclose()  # Gradio sessions: their events' slots freed
+        self.sweeper.cancel()
+        await self.files.aclose()
+        await cancel_and_wait(self.reclaim, self.sampler)  # ended before the pool closes
+        await self.runner.aclose()
+        await self.keys.aclose()
+        await self.usage.aclose()  # the last figures written
+        await self.readiness.aclose()
+        for hook in (on_pool_event, self.activity.on_event, self.usage.on_event):
+            with contextlib.suppress(ValueError):
+                self.pool.hooks.remove(hook)
+        await self.pool.aclose()
+        _tracing.shutdown(self.tracing)
+
+
+async def _start(services: Services) -> _Running:
+    """Every part, in order: the settings checked, tracing, the pool, its observers and
+    keys, readiness, the files and boundary, the jobs, the Gradio front, draining."""
+    settings = services.settings
+    configure_logging()
+    _check_settings(settings)
+    tracing = _tracing.configure()  # OTLP when OTEL_EXPORTER_OTLP_ENDPOINT is set
+    pool = await _start_pool()
+    activity, keys, usage = await _start_teams(pool, services)
+    readiness = services.provide(Readiness())
+    loop = asyncio.get_running_loop()
+    sampler = loop.create_task(run_sampler(activity, pool))
+    local = MemoryJobStore(
+        retention_s=settings.job_retention_s,
+        max_jobs=settings.job_max,
+        history=pool.settings.stream_keep,
     )
-    front.gate_of = functools.partial(gate_of, keys, usage)  # a handed-over event's key
+    files, boundary = _start_files(settings, services)
+    runner, reclaim = _job_runner(local, pool, settings, files, boundary, keys, usage)
+    services.provide(runner)
+    sweeper = loop.create_task(run_sweeper(files))
+    draining = Draining()  # set by a stop signal: the streams that never end end
+    front = _start_front(pool, services, draining)
     draining.install()
-    space_probe = asyncio.get_running_loop().create_task(_startup.probe_spaces(pool))
+    space_probe = loop.create_task(_startup.probe_spaces(pool))
     _log.info(
         "serving %d Space(s): %s; admission store %s",
         len(pool.spaces),
         ", ".join(pool.spaces),
         pool.coordinator.store,
     )
+    return _Running(pool, activity, keys, usage, readiness, files, runner, front, draining,
+                    tracing, sampler, reclaim, sweeper, space_probe)  # fmt: skip
+
+
+@contextlib.asynccontextmanager
+async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
+    running = await _start(services_of(app))
     try:
         yield
     finally:
-        draining.uninstall()
-        await cancel_and_wait(space_probe)
-        reclaim.cancel()
-        await front.aclose()  # Gradio sessions: their events' slots freed
-        sweeper.cancel()
-        await files.aclose()
-        await cancel_and_wait(reclaim, sampler)  # ended before the pool closes
-        await runner.aclose()
-        await keys.aclose()
-        await usage.aclose()  # the last figures written
-        await readiness.aclose()
-        for hook in (on_pool_event, activity.on_event, usage.on_event):
-            with contextlib.suppress(ValueError):
-                pool.hooks.remove(hook)
-        await pool.aclose()
-        _tracing.shutdown(tracing)
+        await running.stop()
 
 
 async def _idle() -> None:
@@ -250,7 +304,7 @@ def create_app(settings: ServiceSettings | None = None) -> FastAPI:
         description="Warm, admission-controlled access to Gradio Spaces.",
         lifespan=_lifespan,
     )
-    app.state.settings = settings
+    app.state.services = Services(settings)
     _errors.install(app)
     app.add_middleware(
         BodySizeLimit,
@@ -258,14 +312,18 @@ def create_app(settings: ServiceSettings | None = None) -> FastAPI:
         multipart_max_bytes=settings.max_body_bytes + settings.max_upload_bytes,
     )
     app.add_middleware(TraceRequests)  # one span per request (app/core/_tracing.py)
+    app.add_middleware(FrontCors, settings=settings)  # /gradio/ only (app/gradio/_cors.py)
     app.add_middleware(AccessLog, internal_error=_errors.internal_error)  # outermost
-    app.include_router(router)
+    app.include_router(ops_router)
+    app.include_router(predict_router)
+    app.include_router(jobs_router)
     app.include_router(files_router)
     app.include_router(spaces_router)
     app.include_router(sessions_router)
     app.include_router(dashboard_router)
     app.include_router(team_router)
     app.include_router(gradio_router)
+    app.include_router(gradio_pages_router)  # after the API's routes: /gradio/{alias} last
     return app
 
 

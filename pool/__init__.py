@@ -24,6 +24,13 @@
             print(event)
     await get_pool().predict("/echo", "hi", 0, on_event=show_event, headers={...})
 
+    async for attempt in get_pool().call("/echo", email=e):   # your own work, the
+        with attempt:                                          # pool's queue, refusals,
+            async with attempt.lease() as client: ...          # retries and deadline
+            break
+    app = await get_pool().space_app("alpha")   # what a Space serves without admission:
+                                                # space_info, space_file, space_login, ...
+
     stats = await get_pool().stats()      # the pool-stats dict
     await get_pool().aclose()             # close every connection
 
@@ -32,6 +39,11 @@ connects at import or construction time. Resilience (adaptive window, breakers,
 sleeping Spaces, ``SpaceControl``) lives in :mod:`pool.resilience`; the Gradio wire
 protocol in :mod:`pool.transport` (``POOL_TRANSPORT=gradio_client`` falls back to a
 ``gradio_client.Client`` per connection).
+
+``Holdings``, ``with_logins``, ``cancel_and_wait`` and ``tracer`` are here for the HTTP
+service (app/), which reaches the pool through its faces only — this module and each
+layer's package (docs/architecture.md, Faces) — and are not the library's API
+(``__all__``).
 """
 
 from __future__ import annotations
@@ -64,15 +76,18 @@ from ._exceptions import (
     UpstreamTransportError,
     UserLimitReached,
 )
+from ._holdings import Holdings as Holdings  # the service's (see the docstring's end)
 from ._pool import Pool
-from ._request import Prediction, PredictOptions
+from ._request import CallAttempt, Prediction, PredictOptions
+from ._retry import NO_ROOM
 from ._sessions import PoolSession
 from ._settings import PoolSettings
 from ._spaces import Login, SpaceSpec, parse_space, parse_spaces
+from ._spaces import with_logins as with_logins
+from ._tasks import cancel_and_wait as cancel_and_wait
+from ._trace import tracer as tracer
 from .admission import WaitTicket
-from .connections._downloads import LocalFile, is_file_data
-from .connections._guard import check_outbound
-from .connections._handle import Partial, PooledClient, PooledJob
+from .connections import LocalFile, Partial, PooledClient, PooledJob, check_outbound, is_file_data
 from .transport import (
     ProgressUnit,
     UpstreamDone,
@@ -126,8 +141,10 @@ async def get_client(
 
 
 __all__ = [
+    "NO_ROOM",
     "AmbiguousEndpoint",
     "BusyError",
+    "CallAttempt",
     "Clock",
     "DeadlineExceeded",
     "Hook",

@@ -15,10 +15,10 @@
    provider failure, neutral) to the shared window and breaker. A second cancel
    cannot cut it short; the caller waits for it until its deadline at most.
 
-Every failure goes through one path (:meth:`Attempts.space_failed`), which reads the
-one table of failure kinds (:mod:`pool._failures`): a failure before the call is
-placed marks the Space down for a cool-down and the request moves on to the next
-candidate (SPEC 4.4).
+Every failure goes through one path (:meth:`Failover.space_failed
+<pool.connections.Failover.space_failed>`, a layer below), which reads the one table of
+failure kinds (:mod:`pool._failures`): a failure before the call is placed marks the
+Space down for a cool-down and the request moves on to the next candidate (SPEC 4.4).
 """
 
 from __future__ import annotations
@@ -56,18 +56,12 @@ from .admission import (
     Lease,
     WaitTicket,
 )
-from .connections._connection import Connection
-from .connections._handle import PooledClient
-from .connections._space_pool import SpacePool
-from .resilience import HealthBoard, Outcome, Waker, http_probe
-from .routing._apps import Apps
-from .routing._choice import Choice, Route
-from .routing._routing import Router
-from .routing._scheduling import classed_ticket, queue_timeout_for
+from .connections import Connection, Failover, PooledClient, SpacePool
+from .resilience import HealthBoard, Outcome, Waker
+from .routing import Apps, Choice, Route, Router, classed_ticket, queue_timeout_for
 
 _log = logging.getLogger("spacepool")
 _T = TypeVar("_T")
-_SPACE_COOLDOWN_S = 30.0
 _RELEASE_GRACE_S = 0.25  # a caller past its deadline still waits this long for release
 
 
@@ -93,6 +87,7 @@ class Attempts:
         apps: Apps, router: Router, waker: Waker, board: HealthBoard,
         coordinator: Coordinator, sessions: Sessions, hooks: list[Hook], clock: Clock,
         http: httpx.AsyncClient, hash_user: Callable[[str | None], str | None],
+        failover: Failover,
     ) -> None:  # fmt: skip
         self.settings = settings
         self.spaces = spaces
@@ -107,6 +102,7 @@ class Attempts:
         self.clock = clock
         self._http = http
         self.hash_user = hash_user
+        self.failover = failover
         self.handles: set[PooledClient] = set()  # leased now (aclose cancels their jobs)
         self.detached: set[asyncio.Task[Any]] = set()  # releases that outlive their await
 
@@ -166,7 +162,7 @@ class Attempts:
         handle = PooledClient(
             conn,
             sp.name,
-            lambda c: self.space_failed(sp, c.error, placed=True),
+            functools.partial(self.failover.job_failed, sp),
             guard=s.secret_guard == "on" or (s.secret_guard == "auto" and sp.spec.is_hub),
             lease=lease,
             http=self._http,
@@ -249,7 +245,7 @@ class Attempts:
             except Repinned:
                 continue  # the user's pin is a Space this waiter did not queue for
             except UpstreamTransportError as exc:
-                self.space_failed(sp, exc, placed=False)
+                self.failover.space_failed(sp, exc, placed=False)
                 if failure(exc.kind).provider:
                     await self.await_detached(self.record(sp.name, "failure"))
                 elif route.probe:
@@ -287,7 +283,8 @@ class Attempts:
         await self.waker.ensure_awake(
             sp.spec,
             connected=sp.total > 0 and sp.is_up(),
-            probe=functools.partial(self._answers, sp),
+            probe_url=sp.probe_url,
+            http=self._http,
             ticket=ticket,
             give_up_at=by,
         )
@@ -373,33 +370,6 @@ class Attempts:
         """Self-fencing: the lease of a running request is lost; stop its work now."""
         handle._fence(error)
         emit(self.hooks, PoolEvent("lease_lost", space, error.why))
-
-    def space_failed(self, sp: SpacePool, error: PoolError, *, placed: bool) -> bool:
-        """The one failure path (:mod:`pool._failures`): count a provider failure; route
-        around ``sp`` for a cool-down when the failure came before the call was placed
-        (``placed`` False) or says the Space is unreachable, unless it is booting.
-        True when a failover was counted (once per failure)."""
-        row = failure(error.kind)
-        if row.provider:
-            emit(self.hooks, PoolEvent("provider_error", sp.name, error.kind))
-        waking = self.board.get(sp.name).waking(self.clock.wall())
-        # A 429's Retry-After is honoured (a user's QuotaExceeded says nothing of the Space)
-        asked = error.retry_after_s if isinstance(error, UpstreamTransportError) else None
-        if placed and (not (row.down or asked) or waking):
-            return False
-        if not waking:
-            sp.mark_down(error.kind, asked or _SPACE_COOLDOWN_S)
-        emit(self.hooks, PoolEvent("failover", sp.name, error.kind))
-        others = "; failing over" if len(self.spaces) > 1 else " (the only Space)"
-        _log.warning("space %s failed (%s)%s", sp.name, error.kind, others)
-        return True
-
-    async def _answers(self, sp: SpacePool) -> bool:
-        """Whether a booting Space serves now: its app_id route, or the Hub's stage."""
-        async with self.clock.timeout(None):  # real I/O, bounded by httpx / the Hub call
-            if sp.probe_url is not None and self._http is not None:
-                return await http_probe(self._http, sp.probe_url)
-            return await self.waker.stage(sp.spec, fresh=True) == "RUNNING"
 
     async def record(self, name: str, outcome: Outcome, at: int = 0) -> None:
         """Feed the shared window and breaker (``at``: our calls at the Space when the

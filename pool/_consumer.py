@@ -1,6 +1,6 @@
 """Who a call is made for, above its email: a *consumer* such as a service's API key.
 
-A deployment shared by several teams gives each its own key (app/_keys.py); the key
+A deployment shared by several teams gives each its own key (app/teams/_keys.py); the key
 is a consumer with a concurrency limit of its own, and its users (emails) are its
 own too. Both follow the call without being passed down every layer: the caller
 (the HTTP service, once it has checked the key) sets :data:`CURRENT` for the task

@@ -24,10 +24,9 @@ import contextlib
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from typing import Any
 
-from .admission import GLOBAL_RESOURCE, SPACE_PREFIX, Coordinator, Lease, WaitTicket
-from .admission._watch import Changed
-from .connections._space_pool import SpacePool
-from .routing._choice import Choice, Route
+from .admission import GLOBAL_RESOURCE, SPACE_PREFIX, Changed, Coordinator, Lease, WaitTicket
+from .connections import SpacePool
+from .routing import Choice, Route
 
 Detached = Callable[[Coroutine[Any, Any, Any]], Awaitable[object]]
 

@@ -34,16 +34,17 @@ import httpx
 
 from ._attempt import Attempts
 from ._clock import SYSTEM_CLOCK, Clock
-from ._consumer import scope
+from ._consumer import ANONYMOUS, scope
 from ._events import Hook
 from ._exceptions import (
     MisuseError,
     PoolClosedError,
     UnknownSpace,
 )
-from ._request import Prediction, PredictOptions, RequestPath
+from ._request import CallAttempt, Prediction, PredictOptions, RequestPath
 from ._sessions import PoolSession, Sessions
 from ._settings import PoolSettings
+from ._space_reads import SpaceReads
 from ._spaces import Login, SpaceSpec, parse_spaces, with_logins
 from ._stats import Shared, Stats
 from ._threads import shutdown_executor
@@ -54,13 +55,12 @@ from .admission import (
     CONSUMER_PREFIX,
     GLOBAL_RESOURCE,
     Coordinator,
+    WaitingCoordinator,
     WaitTicket,
+    new_id,
     open_coordinator,
 )
-from .admission._live_waits import WaitingCoordinator
-from .admission._protocol import new_id
-from .connections._handle import Partial, PooledClient
-from .connections._space_pool import SpacePool
+from .connections import Failover, Partial, PooledClient, SpacePool
 from .resilience import (
     HealthBoard,
     HealthParams,
@@ -71,10 +71,9 @@ from .resilience import (
     Waker,
     resource_cap,
 )
-from .routing._apps import Apps
-from .routing._choice import Choice
-from .routing._routing import ANONYMOUS, Router, user_key
+from .routing import Apps, Choice, Router, user_key
 from .transport import (
+    AppInfo,
     FallbackOpener,
     GradioFactory,
     NativeOpener,
@@ -151,9 +150,7 @@ class Pool:
         self.resource_cap = resource_cap()
         self._board: HealthBoard | None = None
         self._waker: Waker | None = None
-        self.router = Router(
-            ttl_s=s.assignment_ttl_s, values=lambda: self.coordinator.values, clock=self.clock.now
-        )
+        self.router = Router(ttl_s=s.assignment_ttl_s, clock=self.clock.now)  # pins: at start
         self.spaces = self._space_pools()
         self.hooks: list[Hook] = []
         self._stats = Stats(
@@ -168,6 +165,7 @@ class Pool:
         self._closed = False
         self._http: httpx.AsyncClient | None = None
         self._api_info: dict[str, tuple[object, dict[str, Any]]] = {}  # name → (app_id, info)
+        self._reads = SpaceReads(self.spaces)
 
     @functools.cached_property
     def sessions(self) -> Sessions:
@@ -187,7 +185,13 @@ class Pool:
             coordinator=WaitingCoordinator(self.coordinator, self._stats.live_waits),
             sessions=self.sessions, hooks=self.hooks,
             clock=self.clock, http=self._http, hash_user=self.hash_user,
+            failover=self.failover,
         )  # fmt: skip
+
+    @functools.cached_property
+    def failover(self) -> Failover:
+        """The one failure path (pool/connections/_failover.py)."""
+        return Failover(self.spaces, self.board, self.hooks, self.clock)
 
     @functools.cached_property
     def requests(self) -> RequestPath:
@@ -205,9 +209,7 @@ class Pool:
     def apps(self) -> Apps:
         """The Spaces' apps and replicas; routing's ambiguity check (pool/routing/_apps.py)."""
         return Apps(
-            self.spaces, self.settings.connect_timeout_s,
-            lambda sp, error, *, placed: self.attempts.space_failed(sp, error, placed=placed),
-            self.waker.stage,
+            self.spaces, self.settings.connect_timeout_s, self.failover, self.waker.stage,
         )
 
     def _space_pools(self) -> dict[str, SpacePool]:
@@ -247,6 +249,7 @@ class Pool:
                 allow_evicting_store=s.allow_evicting_store, clock=self.clock.now,
             )  # fmt: skip
         coordinator = self._coordinator
+        self.router.use(coordinator.values)
         await coordinator.set_limits({
             GLOBAL_RESOURCE: s.global_max_concurrent,
             CONSUMER_PREFIX: s.consumer_max_concurrent,
@@ -419,6 +422,41 @@ class Pool:
         with span("spacepool.predict", api_name=api_name, space=space):  # pool/_trace.py
             return await self.requests.predict(api_name, args, options)
 
+    async def call(
+        self,
+        api_name: str | None,
+        *,
+        email: str | None = None,
+        space: str | None = None,
+        timeout: float | None = None,
+        queue_timeout_s: float | None = None,
+        safe_to_retry: bool = False,
+        ticket: WaitTicket | None = None,
+        session: str | PoolSession | None = None,
+        priority: str | None = None,
+    ) -> AsyncIterator[CallAttempt]:
+        """The attempts of one call whose work the caller runs itself (the Gradio
+        front's relayed events), under the rules of :meth:`predict`: its waiting,
+        refusals, retries, deadline and cancellation are the pool's::
+
+            async for attempt in pool.call("/predict", email=email):
+                with attempt:                     # what it raises is judged here
+                    async with attempt.lease() as handle:
+                        ...                       # the work, on an admitted connection
+                    break                         # done
+
+        After an attempt that raised: a refusal for want of room waits in the pool's
+        queue again until the queue timeout; a failure the retry policy repeats is
+        repeated (preferably elsewhere) after its backoff; anything else is raised from
+        the loop. The arguments are :meth:`predict`'s."""
+        options = PredictOptions(
+            email=email, space=space, timeout=timeout, queue_timeout_s=queue_timeout_s,
+            safe_to_retry=safe_to_retry, ticket=ticket, session=session, priority=priority,
+        )  # fmt: skip
+        await self.start()
+        async for attempt in self.requests.calls(api_name, options):
+            yield attempt
+
     async def open_session(
         self, email: str | None, space: str | None = None, *, limit: int | None = None,
         api_name: str | None = None,
@@ -474,6 +512,47 @@ class Pool:
         described = {"space": space, "app_id": app_id, **info}
         self._api_info[space] = (app_id, described)
         return described
+
+    # -- what a Space serves without admission (pool/_space_reads.py) ---------------------
+    async def space_app(self, space: str) -> AppInfo:
+        """The Space's app as last read (config, endpoints, ``app_id``; re-read when it
+        restarts). No slot is taken: it runs nothing on the Space."""
+        await self.start()
+        return await self._reads.app(space)
+
+    async def space_info(self, space: str, params: Mapping[str, str]) -> tuple[int, Any]:
+        """The Space's ``gradio_api/info`` with ``params``: its status and JSON body."""
+        await self.start()
+        return await self._reads.info(space, params)
+
+    @contextlib.asynccontextmanager
+    async def space_file(self, space: str, path: str) -> AsyncIterator[httpx.Response | None]:
+        """The Space's file ``path`` (its ``file=`` route), open for streaming while the
+        context lasts; None when the Space does not serve it."""
+        await self.start()
+        async with self._reads.file(space, path) as response:
+            yield response
+
+    @contextlib.asynccontextmanager
+    async def space_web(self, space: str, path: str) -> AsyncIterator[httpx.Response]:
+        """The Space's own web page (``path`` ``""``) or a file it loads (``path`` under
+        its address), open for streaming while the context lasts, whatever its status
+        (the Gradio front's pages)."""
+        await self.start()
+        async with self._reads.web(space, path) as response:
+            yield response
+
+    async def space_login(self, space: str, username: str, password: str) -> bool:
+        """Whether the Space's own Gradio login accepts these credentials (its token
+        handed back at once)."""
+        await self.start()
+        return await self._reads.login(space, username, password)
+
+    async def space_cadence(self, space: str) -> float | None:
+        """The Space's heartbeat interval in seconds as measured on its streams; None
+        while not known (then measured in the background)."""
+        await self.start()
+        return await self._reads.cadence(space)
 
     # -- maintenance and statistics (pool/_upkeep.py, pool/_stats.py) -----------------------
     async def health_check(self) -> None:

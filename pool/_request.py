@@ -7,6 +7,15 @@ the one deadline over queueing, retries and the call, the upstream cancel when i
 passes, partial outputs to their reader (never retried once one was delivered), every
 protocol event to its listener, the call's headers on every upstream request, and the
 output files fetched while the slot is still held.
+
+One request path for every face: a call is a sequence of attempts (:class:`Calls`, an
+async iterator of :class:`CallAttempt`), and what happens between two is decided in one
+place (:meth:`RequestPath._again`): a refusal for want of room (the Space's own queue
+full) waits in the pool's queue again until the queue timeout, counted from the call's
+start; a failure the retry policy repeats is repeated after its backoff; anything else
+is raised. :meth:`RequestPath.predict` runs a predict on each attempt;
+:meth:`Pool.call <pool.Pool.call>` hands the attempts to a caller that runs its own
+work on them (the Gradio front relays a client's event), under the same rules.
 """
 
 from __future__ import annotations
@@ -16,7 +25,7 @@ import contextlib
 import dataclasses
 import logging
 import os
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from typing import Any
@@ -29,9 +38,9 @@ from ._sessions import PoolSession
 from ._settings import PoolSettings
 from ._trace import traced
 from .admission import WaitTicket
-from .connections._handle import Partial, PooledClient, PooledJob
+from .connections import Partial, PooledClient, PooledJob
 from .resilience import RetryPolicy
-from .routing._scheduling import classed_ticket, queue_timeout_for
+from .routing import classed_ticket, queue_timeout_for
 from .transport import UpstreamEvent
 
 _log = logging.getLogger("spacepool")
@@ -94,16 +103,22 @@ class PredictOptions:
 
 @dataclass
 class _Call:
-    """One predict in flight: what to run and what it delivered so far."""
+    """One call in flight: what to run, its clocks, and what it delivered so far."""
 
     api_name: str | None
     args: tuple[Any, ...]
     options: PredictOptions
     started: float
     deadline: float | None
+    queue_timeout: float = 0.0
+    ticket: WaitTicket | None = None
     delivered: bool = False  # a partial reached the caller: never repeat the call
     failed: list[str] = field(default_factory=list)  # Spaces an attempt failed on
     handle: PooledClient | None = None  # the current attempt's, once admitted
+    attempts: int = 0  # attempts the retry policy counts (refusals for want of room not)
+    refusals: int = 0  # refusals for want of room (RetryPolicy.should_requeue)
+    queue_by: float | None = None  # once refused for want of room: its waits end here
+    error: Exception | None = None  # what the last attempt raised
 
     async def deliver(self, partial: Partial) -> None:
         self.delivered = True
@@ -117,6 +132,62 @@ async def _pump(job: PooledJob, on_event: Callable[[UpstreamEvent], Awaitable[No
         async for event in events:
             await on_event(event)
 
+
+class CallAttempt:
+    """One attempt of a call (:meth:`Pool.call <pool.Pool.call>`). ``with attempt:``
+    around the attempt's work keeps what it raises for the call to judge (the retry
+    policy, the queue timeout, the deadline: :class:`Calls`); :meth:`lease` is the
+    attempt's admission and connection, within the call's clocks."""
+
+    def __init__(self, path: RequestPath, call: _Call, number: int) -> None:
+        self._path = path
+        self._call = call
+        self.number = number  # 1-based, every attempt (refused ones too)
+
+    def __enter__(self) -> CallAttempt:
+        return self
+
+    def __exit__(self, kind: object, exc: BaseException | None, tb: object) -> bool:
+        if isinstance(exc, Exception):  # judged by the next step of the loop
+            self._call.error = exc
+            return True
+        return False  # success; or a cancellation, which ends the call at once
+
+    def lease(self, avoid: Sequence[str] = ()) -> AbstractAsyncContextManager[PooledClient]:
+        """This attempt's admission and connection (:meth:`Pool.client
+        <pool.Pool.client>`), bounded by the call's deadline and queue timeout, routed
+        away from the Spaces earlier attempts failed on and from ``avoid``."""
+        return self._path._lease_for(self._call, avoid)
+
+
+class Calls:
+    """A call's attempts, as an async iterator: each is run by the caller; between two,
+    what the last raised decides (:meth:`RequestPath._again`): a refusal for want of
+    room waits in the pool's queue again until the queue timeout; a failure the retry
+    policy repeats is repeated after its backoff; anything else is raised. A success
+    ends the iteration."""
+
+    def __init__(self, path: RequestPath, call: _Call) -> None:
+        self._path = path
+        self._call = call
+        self._number = 0
+
+    def __aiter__(self) -> Calls:
+        return self
+
+    async def __anext__(self) -> CallAttempt:
+        call = self._call
+        if self._number:
+            error, call.error = call.error, None
+            if error is None:
+                raise StopAsyncIteration
+            if not await self._path._again(error, call):
+                call.attempts += 1
+        else:
+            call.attempts = 1
+        self._number += 1
+        call.handle = None
+        return CallAttempt(self._path, call, self._number)
 
 
 class RequestPath:
@@ -132,43 +203,50 @@ class RequestPath:
         self.hooks = hooks
         self.clock = clock
 
+    def calls(self, api_name: str | None, options: PredictOptions, args: tuple[Any, ...] = ()
+              ) -> Calls:  # fmt: skip
+        """The attempts of one call (:class:`Calls`), its clocks started now."""
+        started = self.clock.now()
+        timeout = options.timeout
+        ticket = classed_ticket(self.settings, options.ticket, _priority_of(options))
+        call = _Call(api_name, args, options, started,
+                     None if timeout is None else started + timeout,
+                     queue_timeout_for(self.settings, ticket, options.queue_timeout_s),
+                     ticket)  # fmt: skip
+        return Calls(self, call)
+
     async def predict(
         self, api_name: str | None, args: tuple[Any, ...], options: PredictOptions
     ) -> Prediction:
         """One predict with the pool's retry policy, failover and deadline
         (:class:`PredictOptions` says what each option does)."""
-        started = self.clock.now()
-        timeout = options.timeout
-        call = _Call(api_name, args, options, started,
-                     None if timeout is None else started + timeout)  # fmt: skip
-        ticket = classed_ticket(self.settings, options.ticket, _priority_of(options))
-        queue_timeout = queue_timeout_for(self.settings, ticket, options.queue_timeout_s)
-        attempt = 0
-        while True:
-            attempt += 1
-            call.handle = None
-            try:
-                return await self._attempt(call, queue_timeout, ticket, attempt)
-            except UpstreamTransportError as exc:
-                await self._before_retry(exc, call, attempt)
+        calls = self.calls(api_name, options, args)
+        call = calls._call
+        async for attempt in calls:
+            with attempt:
+                async with attempt.lease() as handle:
+                    return await self._run_admitted(handle, call, attempt.number)
+        raise AssertionError("a call ends by its result or its error")  # pragma: no cover
 
-    async def _attempt(
-        self, call: _Call, queue_timeout: float, ticket: WaitTicket | None, attempt: int
-    ) -> Prediction:
-        """One attempt of ``call``: admission and a connection, then the call."""
+    @contextlib.asynccontextmanager
+    async def _lease_for(self, call: _Call, avoid: Sequence[str]) -> AsyncIterator[PooledClient]:
+        """One attempt's admission and connection for ``call``."""
         left = self._left(call.deadline)
         if left is not None and left <= 0:
             raise DeadlineExceeded("the deadline passed before the Space could be called")
         options = call.options
-        queue_s = queue_timeout if left is None else min(queue_timeout, left)
+        queue_s = call.queue_timeout if call.queue_by is None else max(
+            0.0, call.queue_by - self.clock.now())  # fmt: skip
+        queue_s = queue_s if left is None else min(queue_s, left)
+        failed = [*call.failed, *(a for a in avoid if a not in call.failed)]
         async with self._lease(
-            options.email, options.space, queue_s, ticket, call.failed, left, call.api_name,
+            options.email, options.space, queue_s, call.ticket, failed, left, call.api_name,
             options.session,
         ) as handle:
             call.handle = handle
-            return await self._run_admitted(handle, call, attempt)
+            yield handle
 
-    async def _run_admitted(self, handle: PooledClient, call: _Call, attempt: int) -> Prediction:
+    async def _run_admitted(self, handle: PooledClient, call: _Call, number: int) -> Prediction:
         admitted = self.clock.now()
         if call.options.on_admitted is not None:
             await call.options.on_admitted(handle.space)
@@ -181,28 +259,47 @@ class RequestPath:
             result=result,
             queued_ms=round((admitted - call.started) * 1000, 1),
             duration_ms=round((self.clock.now() - admitted) * 1000, 1),
-            attempts=attempt,
+            attempts=number,
         )
 
-    async def _before_retry(self, exc: UpstreamTransportError, call: _Call, attempt: int) -> None:
-        """Raise ``exc`` unless the retry policy repeats the call; then back off."""
+    async def _again(self, exc: Exception, call: _Call) -> bool:
+        """Between two attempts: raise ``exc`` unless the call goes on — waiting in the
+        queue again after a refusal for want of room (within the queue timeout, counted
+        from the call's start: True, not an attempt), or repeated as the retry policy
+        says (False); then back off."""
         policy = self.retry_policy
-        safe = call.options.safe_to_retry
-        if call.delivered or not policy.should_retry(exc, attempt, safe_to_retry=safe):
+        if call.delivered:
             raise exc
-        delay = policy.delay(attempt)
-        if call.deadline is not None and self.clock.now() + delay >= call.deadline:
-            raise exc
+        requeued = policy.should_requeue(exc)
+        if requeued:
+            call.refusals += 1
+            if call.queue_by is None:
+                call.queue_by = call.started + call.queue_timeout
+            delay = policy.requeue_delay(call.refusals)
+            by = call.queue_by if call.deadline is None else min(call.queue_by, call.deadline)
+            if self.clock.now() + delay >= by:
+                raise exc
+        else:
+            safe = call.options.safe_to_retry
+            if not isinstance(exc, UpstreamTransportError) or not policy.should_retry(
+                exc, call.attempts, safe_to_retry=safe
+            ):
+                raise exc
+            delay = policy.delay(call.attempts)
+            if call.deadline is not None and self.clock.now() + delay >= call.deadline:
+                raise exc
+        kind = getattr(exc, "kind", "error")
         handle = call.handle
         served = handle.space if handle is not None else None
-        if served is not None:
+        if served is not None and served not in call.failed:
             call.failed.append(served)
-        emit(self.hooks, PoolEvent("retry", served, exc.kind))
+        emit(self.hooks, PoolEvent("retry", served, kind))
         if call.options.space is None and not (handle is not None and handle.failed_over):
             # the next attempt is steered away from this Space (once per failure)
-            emit(self.hooks, PoolEvent("failover", served, exc.kind))
-        _log.info("retrying after %s on %s (attempt %d)", exc.kind, served, attempt)
+            emit(self.hooks, PoolEvent("failover", served, kind))
+        _log.info("retrying after %s on %s (attempt %d)", kind, served, call.attempts)
         await self.clock.sleep(delay)
+        return requeued
 
     def _left(self, deadline: float | None) -> float | None:
         return None if deadline is None else deadline - self.clock.now()

@@ -71,10 +71,8 @@ from ._clock import Clock
 from ._consumer import identity
 from ._exceptions import InvalidRequest, SessionLost, SessionNotFound, UnknownSpace
 from ._holdings import Holdings
-from .admission import SharedValues
-from .admission._watch import Changed
-from .connections._connection import Connection
-from .connections._space_pool import SpacePool
+from .admission import Changed, SharedValues
+from .connections import Connection, SpacePool
 from .transport import Replica, SpaceClient
 
 _PREFIX = "session:"

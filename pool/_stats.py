@@ -18,11 +18,10 @@ from typing import Any
 from ._clock import Clock
 from ._events import PoolEvent
 from ._settings import PoolSettings
-from .admission import GLOBAL_RESOURCE, SPACE_PREFIX, Coordinator
-from .admission._live_waits import LiveWaits, summary
-from .connections._space_pool import SpacePool
+from .admission import GLOBAL_RESOURCE, SPACE_PREFIX, Coordinator, LiveWaits, summary
+from .connections import SpacePool
 from .resilience import HealthBoard, Waker
-from .routing._routing import Router
+from .routing import Router
 
 PUBLISH_S = 2.0
 _FAILING = {"provider_error", "health", "finished"}  # events whose non-ok outcome is a failure

@@ -2,7 +2,7 @@
 
 The pool never configures OpenTelemetry: with no tracer provider set (the library used
 on its own) every span here is the API's no-op and costs a few attribute lookups. The
-service sets one (app/_tracing.py: OTLP when ``OTEL_EXPORTER_OTLP_ENDPOINT`` is set); a
+service sets one (app/core/_tracing.py: OTLP when ``OTEL_EXPORTER_OTLP_ENDPOINT`` is set); a
 library user may set their own.
 
 One trace per call: the HTTP request's span (the service), else ``spacepool.predict``

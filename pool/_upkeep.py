@@ -23,8 +23,7 @@ from ._settings import PoolSettings
 from ._stats import PUBLISH_S, Shared
 from ._tasks import cancel_and_wait
 from .admission import SPACE_PREFIX
-from .connections._space_pool import SpacePool
-from .connections._warmth import Warmth
+from .connections import SpacePool, Warmth
 
 
 class Upkeep:
@@ -100,7 +99,18 @@ class Upkeep:
                 snap = await shared.coordinator.snapshot()
                 return bool(snap.held.get(resource) or snap.queued.get(resource))
 
-            await shared.waker.maybe_pause(sp.spec, busy, sp.drop_idle)
+            # Busy (leases or waiters anywhere) is asked before the claim and again
+            # after it: work admitted in between makes us hand the claim back.
+            waker = shared.waker
+            if not waker.may_claim_pause(sp.spec) or await busy():
+                continue
+            if not await waker.claim_pause(sp.spec):
+                continue
+            if await busy():
+                await waker.unclaim_pause(sp.spec)
+                continue
+            sp.drop_idle()  # deregistered in the record first; now drop our connections
+            await waker.pause(sp.spec)
 
     async def health_check(self, shared: Shared, http: httpx.AsyncClient) -> None:
         """One round: probe ≤ ``health_sample`` idle connections per Space (SPEC 4.4)."""

@@ -1,10 +1,17 @@
 """The package's shape: layers that import only downward, no import circle, one
-connection interface that nothing above the transport looks behind.
+connection interface that nothing above the transport looks behind; and the service's:
+app/ in folders by face, no circle between them, each reached through its face, no module
+or class too long.
 
 The layers of ``pool/``, top-down (README, "How it is built"): each module imports only
 modules of its own layer or of a layer below it, counting every import — at load time,
 under ``TYPE_CHECKING`` and inside functions — and no two modules import each other
 round a circle.
+
+Faces: a layer folder's package (``pool/connections/__init__.py``, …) is the layer's
+face. A module of another layer imports the face, never a private module behind it (the
+ground's modules, one flat row with no package, are their own face); ``app/`` imports
+only ``pool`` itself and the layer faces.
 """
 
 from __future__ import annotations
@@ -19,6 +26,8 @@ GROUND = {"_settings", "_clock", "_exceptions", "_events", "_tasks", "_threads",
           "_failures", "_retry", "_consumer", "_trace"}  # fmt: skip
 LAYERS = ["top", "routing", "connections", "resilience", "admission", "transport", "ground"]
 """Top-down: ``top`` is ``Pool`` and the request path (pool/*.py but the ground modules)."""
+FOLDERS = ["routing", "connections", "resilience", "admission", "transport"]
+"""The layers that are a folder (a package) of pool/."""
 # Transport classes only the transport layer (and the composition root, which picks one)
 # may name: everything above holds a SpaceClient / SpaceCall / SpaceOpener.
 # (The wire's own types — Session, Call, SpaceTransport — are what SpaceClient.wire()
@@ -33,19 +42,29 @@ def _module_name(path: Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
+FACES = {"pool", *(f"pool.{layer}" for layer in FOLDERS)}
+"""What may be imported across a layer boundary besides the ground's modules, and all
+``app/`` may import of the pool."""
+
+
 def layer_of(module: str) -> str:
     parts = module.split(".")
-    if len(parts) >= 2 and parts[1] in {"routing", "connections", "resilience", "admission",
-                                        "transport"}:  # fmt: skip
+    if len(parts) >= 2 and parts[1] in FOLDERS:
         return parts[1]
     return "ground" if len(parts) == 2 and parts[1] in GROUND else "top"
 
 
 def _imports(path: Path, name: str) -> set[str]:
     """Every module ``path`` imports, anywhere in the file (absolute names)."""
-    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    return _imports_of(ast.parse(path.read_text()), name, path.name == "__init__.py")
+
+
+def _imports_of(tree: ast.AST, name: str, is_package: bool = False) -> set[str]:
+    """Every module that module ``name`` (parsed as ``tree``) imports, and every name it
+    imports from one (``pool.get_pool``): absolute."""
+    package = name if is_package else name.rpartition(".")[0]
     found: set[str] = set()
-    for child in ast.walk(ast.parse(path.read_text())):
+    for child in ast.walk(tree):
         if isinstance(child, ast.ImportFrom):
             if child.level:
                 base = package.split(".")
@@ -104,6 +123,21 @@ def _upward(graph: dict[str, set[str]]) -> list[str]:
     )
 
 
+def _private_reach(graph: dict[str, set[str]]) -> list[str]:
+    """Imports of a private module of another layer's folder (not its face)."""
+    return sorted(
+        f"{a} ({layer_of(a)}) -> {b} ({layer_of(b)})"
+        for a, targets in graph.items()
+        for b in targets
+        if layer_of(b) in FOLDERS and layer_of(b) != layer_of(a) and b not in FACES
+    )
+
+
+def _app_reach(imports: set[str], modules: set[str]) -> list[str]:
+    """The pool's modules in ``imports`` (of a module of app/) that are not a face."""
+    return sorted(m for m in imports if m in modules and m not in FACES)
+
+
 def _sources() -> list[Path]:
     return sorted([*POOL.rglob("*.py"), *(ROOT / "app").rglob("*.py")])
 
@@ -120,13 +154,54 @@ def test_pool_modules_import_no_cycle_counting_type_checking_imports() -> None:
     assert _cycle(graph) is None, f"import cycle: {' -> '.join(_cycle(graph) or [])}"
 
 
+def test_a_layer_imports_another_layer_only_through_its_face() -> None:
+    """Across layers a module imports a folder layer's package (its face), never a
+    private module behind it; inside its own layer it imports what it needs."""
+    graph = _graph()
+    assert set(graph) >= FACES, "every layer folder has a face"
+    assert any(f"pool.{layer}" in graph["pool._attempt"] for layer in FOLDERS), "faces are read"
+    assert _private_reach(graph) == []
+
+
+def test_app_imports_the_pool_only_through_its_faces() -> None:
+    """app/ imports ``pool`` and the layer faces (``pool.admission``, …), no private
+    module of the pool, wherever the import is."""
+    modules = set(_graph())
+    found = {
+        str(p.relative_to(ROOT)): reach
+        for p in sorted((ROOT / "app").rglob("*.py"))
+        if (reach := _app_reach(_imports(p, _module_name(p)), modules))
+    }
+    assert any("pool" in _imports(p, _module_name(p)) for p in (ROOT / "app").rglob("*.py"))
+    assert found == {}
+
+
 def test_the_checks_can_fail() -> None:
-    """A planted circle and a planted upward import are reported."""
+    """A planted circle, upward import, private reach across layers and private
+    import from app/ are each reported."""
     assert _cycle({"a": {"b"}, "b": {"a"}, "c": set()}) == ["a", "b", "a"]
     planted = {"pool.transport._native": {"pool.connections._handle"}}
     assert _upward(planted) == [
         "pool.transport._native (transport) -> pool.connections._handle (connections)"
     ]
+    reach = {
+        "pool._attempt": {"pool.routing._choice", "pool.routing", "pool._clock"},
+        "pool.routing._choice": {"pool.routing._apps", "pool.connections", "pool._consumer"},
+        "pool.connections._handle": {"pool.transport._errors"},
+    }
+    assert _private_reach(reach) == [
+        "pool._attempt (top) -> pool.routing._choice (routing)",
+        "pool.connections._handle (connections) -> pool.transport._errors (transport)",
+    ]
+    app = ast.parse(
+        "from pool import get_pool, Pool\nfrom pool._consumer import CURRENT\n"
+        "from pool.admission import SharedValues, _watch\n"
+        "def f():\n    import pool.connections._downloads\n"
+    )
+    modules = set(_graph())
+    assert _app_reach(_imports_of(app, "app._x"), modules) == [
+        "pool._consumer", "pool.admission._watch", "pool.connections._downloads"
+    ]  # fmt: skip
     tree = ast.parse("isinstance(x, NativeClient)\nfrom gradio_client import Client\n")
     assert _forbidden_names(tree, "pool._request") == ["NativeClient"]
     assert _gradio_client_imports(tree) == ["gradio_client"]
@@ -191,3 +266,108 @@ def test_no_function_in_the_pool_module_is_over_60_lines() -> None:
         if node.end_lineno - node.lineno + 1 > 60
     }
     assert long == {}
+
+
+# -- app/: folders by face ------------------------------------------------------------------
+APP = ROOT / "app"
+APP_FOLDERS = {"core", "teams", "edge", "calls", "jobs", "api", "admin", "gradio"}
+"""app/ by face (docs/architecture.md): every module of app/ is in one of these folders but
+the entry points, and a folder's ``__init__`` is the face the other folders import."""
+APP_ENTRY_POINTS = {"app", "app.main", "app.__main__", "app._http"}
+MAX_MODULE_LINES = 600
+MAX_CLASS_LINES = 250
+# Modules allowed over the bounds (none: the Gradio front's sessions are split now).
+SIZE_ALLOWANCES: set[str] = set()
+
+
+def _app_graph() -> dict[str, set[str]]:
+    modules = {_module_name(p): p for p in APP.rglob("*.py")}
+    return {
+        name: {m for m in _imports(path, name) if m in modules and m != name}
+        for name, path in modules.items()
+    }
+
+
+def _folder(module: str) -> str | None:
+    """The app folder ``module`` belongs to (None: an entry point)."""
+    parts = module.split(".")
+    return parts[1] if len(parts) >= 2 and parts[1] in APP_FOLDERS else None
+
+
+def _folder_graph(graph: dict[str, set[str]]) -> dict[str, set[str]]:
+    """Folder -> the folders its modules import (the entry points left out)."""
+    folders: dict[str, set[str]] = {}
+    for a, targets in graph.items():
+        if (fa := _folder(a)) is None:
+            continue
+        folders.setdefault(fa, set())
+        folders[fa] |= {fb for b in targets if (fb := _folder(b)) not in (None, fa)}
+    return folders
+
+
+def _past_the_face(graph: dict[str, set[str]]) -> list[str]:
+    """Imports of another folder's private module (not its face ``app.<folder>``)."""
+    return sorted(
+        f"{a} -> {b}"
+        for a, targets in graph.items()
+        for b in targets
+        if (fb := _folder(b)) is not None and fb != _folder(a) and b != f"app.{fb}"
+    )
+
+
+def _oversized(path: str, text: str) -> list[str]:
+    """The module, and each class, longer than the bounds."""
+    found = []
+    if (lines := len(text.splitlines())) > MAX_MODULE_LINES:
+        found.append(f"{path}: {lines} lines")
+    for node in ast.walk(ast.parse(text)):
+        if not isinstance(node, ast.ClassDef):
+            continue
+        if (length := (node.end_lineno or node.lineno) - node.lineno + 1) > MAX_CLASS_LINES:
+            found.append(f"{path}: class {node.name} {length} lines")
+    return found
+
+
+def test_app_modules_live_in_folders_by_face() -> None:
+    graph = _app_graph()
+    loose = sorted(m for m in graph if _folder(m) is None and m not in APP_ENTRY_POINTS)
+    assert loose == [], "a module of app/ outside its folders"
+    assert {f for m in graph if (f := _folder(m))} == APP_FOLDERS, "every folder has modules"
+    faces = {f"app.{f}" for f in APP_FOLDERS}
+    assert faces <= set(graph), "every folder has its face (__init__.py)"
+
+
+def test_app_folders_import_no_circle_and_only_through_faces() -> None:
+    graph = _app_graph()
+    folders = _folder_graph(graph)
+    assert folders["api"], "the import graph was read"
+    assert _cycle(folders) is None, f"import circle: {' -> '.join(_cycle(folders) or [])}"
+    assert _past_the_face(graph) == []
+
+
+def test_no_app_module_or_class_is_too_long() -> None:
+    found = [
+        line
+        for p in sorted(APP.rglob("*.py"))
+        if (rel := p.relative_to(ROOT).as_posix()) not in SIZE_ALLOWANCES
+        for line in _oversized(rel, p.read_text())
+    ]
+    assert found == []
+
+
+def test_the_app_checks_can_fail() -> None:
+    """A planted circle between folders, a reach past a face and an oversized class and
+    module are reported."""
+    planted = {
+        "app.api._jobs": {"app.jobs._runner", "app.jobs"},
+        "app.jobs._runner": {"app.api"},
+        "app.main": {"app.core._errors"},
+    }
+    assert _cycle(_folder_graph(planted)) == ["api", "jobs", "api"]
+    assert _past_the_face(planted) == ["app.api._jobs -> app.jobs._runner",
+                                       "app.main -> app.core._errors"]  # fmt: skip
+    big = "class Big:\n" + "    x = 1\n" * MAX_CLASS_LINES + "y = 2\n" * MAX_MODULE_LINES
+    assert _oversized("app/x.py", big) == [
+        f"app/x.py: {MAX_CLASS_LINES + 1 + MAX_MODULE_LINES} lines",
+        f"app/x.py: class Big {MAX_CLASS_LINES + 1} lines",
+    ]

@@ -2,7 +2,10 @@
 
 The page (``app/static/admin.html`` with its script and style sheet, shipped as package
 data) carries no pool data and needs no build step, CDN or network beyond this
-service. It asks for the admin token once, keeps it in ``sessionStorage`` and sends it
+service. It asks for the admin token once, keeps it in ``sessionStorage`` — in the page's
+memory only, asked at each visit, while the service serves Spaces' own pages
+(``POOL_GRADIO_PAGES``: their script runs on this origin; the page is then marked
+``data-token-store="memory"``) — and sends it
 as ``Authorization: Bearer`` to ``/api/admin/pool-stats`` every 2 s; the token never
 goes into a URL (the form cannot be submitted anywhere: the policy below forbids it),
 and the page is served without auth because it shows nothing until the API accepts
@@ -17,8 +20,10 @@ from __future__ import annotations
 from functools import cache
 from importlib import resources
 
-from fastapi import APIRouter, HTTPException
+from fastapi import APIRouter, HTTPException, Request
 from fastapi.responses import Response
+
+from ..core import settings_of
 
 _ASSETS = {
     "admin.js": "text/javascript; charset=utf-8",
@@ -52,10 +57,16 @@ def _read(name: str) -> bytes:
     return resources.files("app").joinpath("static", name).read_bytes()
 
 
+_BODY = b'<body data-renders="0">'
+
+
 @router.get("/admin")
-async def dashboard() -> Response:
+async def dashboard(request: Request) -> Response:
     """The dashboard page (static; it fetches the stats itself with the token)."""
-    return Response(_read("admin.html"), media_type="text/html; charset=utf-8", headers=_HEADERS)
+    page = _read("admin.html")
+    if settings_of(request).pages_on:  # the token in the page's memory only
+        page = page.replace(_BODY, b'<body data-renders="0" data-token-store="memory">', 1)
+    return Response(page, media_type="text/html; charset=utf-8", headers=_HEADERS)
 
 
 @router.get("/admin/assets/{name}")

@@ -18,9 +18,9 @@ from typing import Any, Literal
 from fastapi import APIRouter, Depends, Query, Request, Response
 
 from pool import InvalidRequest, get_pool
-from pool._consumer import CURRENT
+from pool.admission import CURRENT
 
-from ..core import KeyNotFound
+from ..core import KeyNotFound, services_of
 from ..edge import EMAIL_MAX_CHARS, ERROR_RESPONSES, is_email, require_admin_token
 from ..teams import OPEN_KEY, TOKEN_KEY, KeyChange, KeyCreate, KeyRecord, Keys, Usage, as_csv
 
@@ -30,8 +30,7 @@ router = APIRouter(
 
 
 def keys_of(request: Request) -> Keys:
-    keys: Keys = request.app.state.keys
-    return keys
+    return services_of(request).get(Keys)
 
 
 @router.post("/api/admin/keys", status_code=201)
@@ -97,7 +96,7 @@ async def usage(
             user = get_pool().hash_user(email)  # within the key, as its calls hashed it
         finally:
             CURRENT.reset(token)
-    meter: Usage = request.app.state.usage
+    meter = services_of(request).get(Usage)
     hours, users = await meter.rows(
         key=key, user=user, since=_epoch(since, 0.0), until=_epoch(until, math.inf)
     )

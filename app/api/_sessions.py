@@ -32,7 +32,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from pool import PoolSession, SessionNotFound, get_pool
 
-from ..core import ServiceSettings, context_of
+from ..core import context_of, settings_of
 from ..edge import (
     API_NAME_PATTERN,
     EMAIL_MAX_CHARS,
@@ -92,7 +92,7 @@ async def open_session(body: SessionRequest, request: Request) -> SessionView:
     """Open a session on the caller's Space (or the one named)."""
     pool = get_pool()
     context_of(request).user = pool.hash_user(body.email) if body.email else None
-    settings: ServiceSettings = request.app.state.settings
+    settings = settings_of(request)
     session = await pool.open_session(
         body.email, body.space, limit=settings.max_sessions_per_user, api_name=body.api_name
     )

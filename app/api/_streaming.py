@@ -41,12 +41,17 @@ from pool import Partial, Pool
 from pool.transport import Feed
 
 from ..calls import CheckedCall, UpstreamView
-from ..core import RequestContext, ServiceSettings, context_of, describe, hold_stream
+from ..core import (
+    KEEPALIVE_S,
+    RequestContext,
+    ServiceSettings,
+    context_of,
+    describe,
+    hold_stream,
+)
 from ..edge import FileOutput, PredictRequest, pass_gate, to_jsonable
 
 _log = logging.getLogger("spacepool.app")
-# An idle SSE stream sends a keepalive this often (gradio/utils.py get_heartbeat_rate).
-KEEPALIVE_S = 15.0
 _tasks: set[asyncio.Task[None]] = set()  # running predicts (kept referenced until done)
 
 

@@ -25,11 +25,13 @@ from ._errors import (
 from ._limits import BodySizeLimit
 from ._logging import AccessLog, RequestContext, configure_logging, context_of
 from ._metrics import TEAM_REGISTRY, on_pool_event
-from ._settings import MAX_TIMEOUT_S, ServiceSettings, outbound_port_problem, settings_of
-from ._streams import StreamCaps, bounded, hold_stream
+from ._services import Services, services_of, settings_of
+from ._settings import MAX_TIMEOUT_S, ServiceSettings, outbound_port_problem
+from ._streams import KEEPALIVE_S, StreamCaps, bounded, hold_stream
 from ._tracing import TraceRequests
 
 __all__ = [
+    "KEEPALIVE_S",
     "MAX_TIMEOUT_S",
     "TEAM_REGISTRY",
     "AccessLog",
@@ -46,6 +48,7 @@ __all__ = [
     "KeyNotFound",
     "RequestContext",
     "ServiceSettings",
+    "Services",
     "StreamCaps",
     "TraceRequests",
     "UploadTooLarge",
@@ -58,6 +61,7 @@ __all__ = [
     "metrics",
     "on_pool_event",
     "outbound_port_problem",
+    "services_of",
     "settings_of",
     "startup",
     "tracing",

@@ -17,6 +17,7 @@ import json
 import logging
 import math
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -132,129 +133,161 @@ def _retry_after(seconds: float) -> int:
     return max(1, math.ceil(seconds))
 
 
+def _quota(exc: QuotaExceeded) -> Problem:  # the caller's own GPU quota (a ZeroGPU Space)
+    retry = _retry_after(exc.retry_after_s)
+    body = {"error": "quota_exceeded", "reason": exc.reason, "retry_after_s": retry,
+            "message": str(exc)}  # fmt: skip
+    return Problem(429, body, "quota_exceeded", {"Retry-After": str(retry)})
+
+
+def _user_limit(exc: UserLimitReached) -> Problem:  # one user's bound: too_many_sessions / _jobs
+    retry = _retry_after(exc.retry_after_s)
+    body = {"error": exc.reason, "limit": exc.limit, "retry_after_s": retry, "message": str(exc)}
+    return Problem(429, body, exc.reason, {"Retry-After": str(retry)})
+
+
+def _busy(exc: BusyError, message: str = "no capacity within the queue deadline; retry later",
+          **extra: Any) -> Problem:  # fmt: skip
+    retry = _retry_after(exc.retry_after_s)
+    body = {"error": "busy", "reason": exc.reason, "queue_position": exc.queue_position,
+            "retry_after_s": retry, "message": message, **extra}  # fmt: skip
+    return Problem(503, body, "busy", {"Retry-After": str(retry)})
+
+
+def _busy_or_unreachable(exc: BusyError) -> Problem:
+    if exc.reason == "coordinator_unavailable":
+        return _busy(exc, "the admission store is unreachable; nothing is admitted")
+    return _busy(exc)
+
+
+def _lease_lost(exc: LeaseLost) -> Problem:  # a busy answer too: the fleet's slot is gone
+    return _busy(exc, "the admission lease ended while the request ran; retry later", lease=exc.why)
+
+
+def _no_healthy_space(exc: NoHealthySpaceError) -> Problem:
+    retry = _retry_after(exc.retry_after_s)
+    body = {"error": "no_healthy_space", "message": str(exc), "retry_after_s": retry}
+    return Problem(503, body, "no_healthy_space", {"Retry-After": str(retry)})
+
+
+def _shutting_down(exc: PoolClosedError) -> Problem:
+    body = {"error": "shutting_down", "message": "the service is shutting down"}
+    return Problem(503, body, "shutting_down", {"Retry-After": "1"})
+
+
+def _refused(exc: RefusedByPolicy) -> Problem:
+    # The message could quote what was refused: give the reason code only.
+    body = {"error": "refused", "reason": exc.reason,
+            "message": f"refused before sending ({exc.reason})"}  # fmt: skip
+    return Problem(422, body, "refused")
+
+
+def _unknown_endpoint(exc: UnknownEndpoint) -> Problem:
+    body = {"error": "unknown_api_name", "message": str(exc), "api_name": exc.api_name,
+            "available": exc.available}  # fmt: skip
+    return Problem(422, body, "unknown_api_name")
+
+
+def _ambiguous_endpoint(exc: AmbiguousEndpoint) -> Problem:
+    apps = [{"app": app, "spaces": spaces} for app, spaces in exc.apps.items()]
+    body = {"error": "ambiguous_endpoint", "message": str(exc), "api_name": exc.api_name,
+            "apps": apps}  # fmt: skip
+    return Problem(422, body, "ambiguous_endpoint")
+
+
+def _unknown_space(exc: UnknownSpace) -> Problem:
+    body = {"error": "unknown_space", "message": str(exc), "available": exc.available}
+    return Problem(422, body, "unknown_space")
+
+
+def _invalid_file(exc: InvalidFileReference) -> Problem:
+    return Problem(422, {"error": exc.kind, "message": str(exc)}, exc.kind)
+
+
+def _upstream(exc: UpstreamError) -> Problem:
+    body = {"error": "upstream", "kind": exc.kind, "message": str(exc)}
+    wait = getattr(exc, "retry_after_s", None)  # a 429's Retry-After, passed on
+    headers = {"Retry-After": str(_retry_after(wait))} if wait else {}
+    return Problem(502, body, f"upstream_{exc.kind}", headers)
+
+
+def _auth(exc: AuthError) -> Problem:
+    body = {"error": exc.code, "message": str(exc)}
+    return Problem(exc.status, body, exc.code, {"WWW-Authenticate": "Bearer"})
+
+
+def _key_in_use(exc: IdempotencyKeyInUse) -> Problem:
+    body = {"error": "idempotency_key_in_use", "message": str(exc), "retry_after_s": 1}
+    return Problem(409, body, "idempotency_key_in_use", {"Retry-After": "1"})
+
+
+def _jobs_full(exc: JobsFull) -> Problem:
+    retry = _retry_after(exc.retry_after_s)
+    body = {"error": "busy", "reason": "jobs_full", "queue_position": 0, "retry_after_s": retry,
+            "message": str(exc)}  # fmt: skip
+    return Problem(503, body, "busy", {"Retry-After": str(retry)})
+
+
+def _invalid_body(exc: RequestValidationError) -> Problem:
+    detail = [
+        {"loc": list(err.get("loc", ())), "msg": err.get("msg", ""), "type": err.get("type")}
+        for err in exc.errors()
+    ]
+    body = {"error": "invalid_body", "message": "the request is invalid", "detail": detail}
+    return Problem(422, body, "invalid_body")
+
+
+def _http(exc: StarletteHTTPException) -> Problem:
+    code = _HTTP_CODES.get(exc.status_code, f"http_{exc.status_code}")
+    body = {"error": code, "message": str(exc.detail)}
+    return Problem(exc.status_code, body, code, dict(exc.headers or {}))
+
+
+def _plain(status: int, error: str) -> Callable[[BaseException], Problem]:
+    """The answer ``{"error": error, "message": str(exc)}`` with ``status``."""
+    return lambda exc: Problem(status, {"error": error, "message": str(exc)}, error)
+
+
+_ANSWERS: dict[type[BaseException], Callable[[Any], Problem]] = {
+    QuotaExceeded: _quota,
+    UserLimitReached: _user_limit,
+    LeaseLost: _lease_lost,
+    BusyError: _busy_or_unreachable,
+    NoHealthySpaceError: _no_healthy_space,
+    PoolClosedError: _shutting_down,
+    DeadlineExceeded: _plain(504, "deadline"),
+    RefusedByPolicy: _refused,
+    UnknownEndpoint: _unknown_endpoint,
+    AmbiguousEndpoint: _ambiguous_endpoint,
+    SessionNotFound: _plain(404, "session_not_found"),
+    SessionLost: _plain(410, "session_lost"),
+    UnknownSpace: _unknown_space,
+    InvalidFileReference: _invalid_file,
+    InvalidRequest: _plain(422, "invalid_request"),
+    UpstreamError: _upstream,
+    AuthError: _auth,
+    JobNotFound: _plain(404, "job_not_found"),
+    KeyNameTaken: _plain(409, "key_name_taken"),
+    KeyNotFound: _plain(404, "key_not_found"),
+    FileNotFound: _plain(404, "file_not_found"),
+    UploadTooLarge: _plain(413, "too_large"),
+    IdempotencyKeyReused: _plain(422, "idempotency_key_reused"),
+    IdempotencyKeyInUse: _key_in_use,
+    JobsFull: _jobs_full,
+    RequestValidationError: _invalid_body,
+    StarletteHTTPException: _http,
+}
+"""How each exception class is answered. An exception takes the answer of the first class
+of its MRO found here (its own, else its nearest registered base): ``LeaseLost`` is
+answered as itself, a ``BusyError`` of another kind as busy."""
+
+
 def describe(exc: BaseException) -> Problem:
     """The answer for ``exc``; anything unknown is a bare 500 ``internal``."""
-    if isinstance(exc, QuotaExceeded):  # the caller's own GPU quota (a ZeroGPU Space)
-        retry = _retry_after(exc.retry_after_s)
-        body = {
-            "error": "quota_exceeded",
-            "reason": exc.reason,
-            "retry_after_s": retry,
-            "message": str(exc),
-        }
-        return Problem(429, body, "quota_exceeded", {"Retry-After": str(retry)})
-    if isinstance(exc, UserLimitReached):  # one user's bound: too_many_sessions / _jobs
-        retry = _retry_after(exc.retry_after_s)
-        body = {
-            "error": exc.reason,
-            "limit": exc.limit,
-            "retry_after_s": retry,
-            "message": str(exc),
-        }
-        return Problem(429, body, exc.reason, {"Retry-After": str(retry)})
-    if isinstance(exc, BusyError):
-        retry = _retry_after(exc.retry_after_s)
-        body = {
-            "error": "busy",
-            "reason": exc.reason,
-            "queue_position": exc.queue_position,
-            "retry_after_s": retry,
-            "message": "no capacity within the queue deadline; retry later",
-        }
-        if isinstance(exc, LeaseLost):  # a busy answer too: the fleet's slot is gone
-            body["message"] = "the admission lease ended while the request ran; retry later"
-            body["lease"] = exc.why
-        elif exc.reason == "coordinator_unavailable":
-            body["message"] = "the admission store is unreachable; nothing is admitted"
-        return Problem(503, body, "busy", {"Retry-After": str(retry)})
-    if isinstance(exc, NoHealthySpaceError):
-        retry = _retry_after(exc.retry_after_s)
-        body = {"error": "no_healthy_space", "message": str(exc), "retry_after_s": retry}
-        return Problem(503, body, "no_healthy_space", {"Retry-After": str(retry)})
-    if isinstance(exc, PoolClosedError):
-        body = {"error": "shutting_down", "message": "the service is shutting down"}
-        return Problem(503, body, "shutting_down", {"Retry-After": "1"})
-    if isinstance(exc, DeadlineExceeded):
-        return Problem(504, {"error": "deadline", "message": str(exc)}, "deadline")
-    if isinstance(exc, RefusedByPolicy):
-        # The message could quote what was refused: give the reason code only.
-        body = {
-            "error": "refused",
-            "reason": exc.reason,
-            "message": f"refused before sending ({exc.reason})",
-        }
-        return Problem(422, body, "refused")
-    if isinstance(exc, UnknownEndpoint):
-        body = {
-            "error": "unknown_api_name",
-            "message": str(exc),
-            "api_name": exc.api_name,
-            "available": exc.available,
-        }
-        return Problem(422, body, "unknown_api_name")
-    if isinstance(exc, AmbiguousEndpoint):
-        apps = [{"app": app, "spaces": spaces} for app, spaces in exc.apps.items()]
-        body = {"error": "ambiguous_endpoint", "message": str(exc), "api_name": exc.api_name,
-                "apps": apps}  # fmt: skip
-        return Problem(422, body, "ambiguous_endpoint")
-    if isinstance(exc, SessionNotFound):
-        body = {"error": "session_not_found", "message": str(exc)}
-        return Problem(404, body, "session_not_found")
-    if isinstance(exc, SessionLost):
-        return Problem(410, {"error": "session_lost", "message": str(exc)}, "session_lost")
-    if isinstance(exc, UnknownSpace):
-        body = {"error": "unknown_space", "message": str(exc), "available": exc.available}
-        return Problem(422, body, "unknown_space")
-    if isinstance(exc, InvalidFileReference):
-        body = {"error": exc.kind, "message": str(exc)}
-        return Problem(422, body, exc.kind)
-    if isinstance(exc, InvalidRequest):
-        return Problem(422, {"error": "invalid_request", "message": str(exc)}, "invalid_request")
-    if isinstance(exc, UpstreamError):
-        body = {"error": "upstream", "kind": exc.kind, "message": str(exc)}
-        wait = getattr(exc, "retry_after_s", None)  # a 429's Retry-After, passed on
-        headers = {"Retry-After": str(_retry_after(wait))} if wait else {}
-        return Problem(502, body, f"upstream_{exc.kind}", headers)
-    if isinstance(exc, AuthError):
-        body = {"error": exc.code, "message": str(exc)}
-        return Problem(exc.status, body, exc.code, {"WWW-Authenticate": "Bearer"})
-    if isinstance(exc, JobNotFound):
-        return Problem(404, {"error": "job_not_found", "message": str(exc)}, "job_not_found")
-    if isinstance(exc, KeyNameTaken):
-        return Problem(409, {"error": "key_name_taken", "message": str(exc)}, "key_name_taken")
-    if isinstance(exc, KeyNotFound):
-        return Problem(404, {"error": "key_not_found", "message": str(exc)}, "key_not_found")
-    if isinstance(exc, FileNotFound):
-        return Problem(404, {"error": "file_not_found", "message": str(exc)}, "file_not_found")
-    if isinstance(exc, UploadTooLarge):
-        return Problem(413, {"error": "too_large", "message": str(exc)}, "too_large")
-    if isinstance(exc, IdempotencyKeyReused):
-        body = {"error": "idempotency_key_reused", "message": str(exc)}
-        return Problem(422, body, "idempotency_key_reused")
-    if isinstance(exc, IdempotencyKeyInUse):
-        body = {"error": "idempotency_key_in_use", "message": str(exc), "retry_after_s": 1}
-        return Problem(409, body, "idempotency_key_in_use", {"Retry-After": "1"})
-    if isinstance(exc, JobsFull):
-        retry = _retry_after(exc.retry_after_s)
-        body = {
-            "error": "busy",
-            "reason": "jobs_full",
-            "queue_position": 0,
-            "retry_after_s": retry,
-            "message": str(exc),
-        }
-        return Problem(503, body, "busy", {"Retry-After": str(retry)})
-    if isinstance(exc, RequestValidationError):
-        detail = [
-            {"loc": list(err.get("loc", ())), "msg": err.get("msg", ""), "type": err.get("type")}
-            for err in exc.errors()
-        ]
-        body = {"error": "invalid_body", "message": "the request is invalid", "detail": detail}
-        return Problem(422, body, "invalid_body")
-    if isinstance(exc, StarletteHTTPException):
-        code = _HTTP_CODES.get(exc.status_code, f"http_{exc.status_code}")
-        body = {"error": code, "message": str(exc.detail)}
-        return Problem(exc.status_code, body, code, dict(exc.headers or {}))
+    for cls in type(exc).__mro__:
+        answer = _ANSWERS.get(cls)
+        if answer is not None:
+            return answer(exc)
     kind = exc.kind if isinstance(exc, PoolError) else type(exc).__name__
     return Problem(500, {"error": "internal", "message": "internal error"}, f"internal_{kind}")
 

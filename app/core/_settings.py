@@ -13,7 +13,9 @@ from urllib.parse import urlsplit
 
 from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
-from starlette.requests import Request
+
+_ON = frozenset({"true", "1", "yes", "on"})  # POOL_GRADIO_PAGES: every page served
+_OFF = frozenset({"false", "0", "no", "off"})  # … none
 
 MAX_TIMEOUT_S = 3600.0
 """The longest deadline a caller may ask for (``timeout_s``)."""
@@ -112,6 +114,38 @@ class ServiceSettings(BaseSettings):
         " callers are one user) open at once; past it the busy answer"
     )
 
+    gradio_pages: str = Field(
+        default="false", max_length=4096, pattern=r"^[A-Za-z0-9_.,\s-]*$",
+        description="Gradio front: serve the Spaces' own web pages to browsers at"
+        " /gradio/{alias}/ and /gradio/: true, false (the default) or a comma-separated"
+        " list of aliases; a page runs the Space's script on this service's origin"
+        " (docs/security.md)",
+    )
+    cors_origins: str = Field(
+        default="", max_length=8192, description="Gradio front: comma-separated origins"
+        " (scheme://host[:port]) whose pages may call /gradio/ with credentials (cookies);"
+        " while POOL_API_TOKEN is set, the only origins answered at all",
+    )
+
+    def pages_for(self, scope: str | None) -> bool:
+        """Whether the page of ``scope`` (an alias; None for ``/gradio/``) is served."""
+        words = {w.strip() for w in self.gradio_pages.split(",") if w.strip()}
+        if {w.lower() for w in words} & _ON:
+            return True
+        return scope is not None and scope in words
+
+    @property
+    def pages_on(self) -> bool:
+        """Whether any page is served (the dashboard then keeps its token in memory)."""
+        words = {w.strip().lower() for w in self.gradio_pages.split(",") if w.strip()}
+        return bool(words - _OFF)
+
+    def cors_listed(self) -> frozenset[str]:
+        """``POOL_CORS_ORIGINS`` as origins (lower-case, no trailing slash)."""
+        return frozenset(
+            o.strip().rstrip("/").lower() for o in self.cors_origins.split(",") if o.strip()
+        )
+
     @field_validator("admin_token", "api_token", mode="before")
     @classmethod
     def _blank_is_unset(cls, value: object) -> object:
@@ -149,8 +183,3 @@ def outbound_port_problem(url: str) -> str | None:
         " (use a store listening on 443 or 8080; docs/hub.md)"
     )
 
-
-def settings_of(request: Request) -> ServiceSettings:
-    """The running service's settings (set on the app by its lifespan)."""
-    settings: ServiceSettings = request.app.state.settings
-    return settings

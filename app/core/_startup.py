@@ -30,8 +30,7 @@ from urllib.parse import urlsplit
 import httpx
 from pydantic import ValidationError
 
-from pool import Pool, PoolSettings
-from pool._spaces import parse_spaces, with_logins
+from pool import Pool, PoolSettings, parse_spaces, with_logins
 
 from ._settings import ServiceSettings
 

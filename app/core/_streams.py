@@ -21,11 +21,17 @@ from typing import Generic, TypeVar
 from fastapi import Request
 
 from pool import UserLimitReached, get_pool
-from pool._consumer import current as current_consumer
-from pool._consumer import identity
+from pool.admission import current as current_consumer
+from pool.admission import identity
+
+from ._services import services_of
 
 T = TypeVar("T")
 _RETRY_AFTER_S = 5.0
+
+
+# An idle SSE stream sends a keepalive this often (gradio/utils.py get_heartbeat_rate).
+KEEPALIVE_S = 15.0
 
 
 class StreamCaps:
@@ -112,7 +118,7 @@ def caller(email: str | None) -> str:
 def hold_stream(request: Request, email: str | None) -> Held:
     """One of the caller's open streams (UserLimitReached: too many); nothing counted
     when the app has no caps (a test app without the lifespan)."""
-    caps: StreamCaps | None = getattr(request.app.state, "streams", None)
+    caps = services_of(request).find(StreamCaps)
     if caps is None:
         return Held(None, "")
     return caps.take(caller(email))

@@ -20,7 +20,7 @@ from opentelemetry import propagate, trace
 from opentelemetry.trace import SpanKind, Status, StatusCode
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from pool._trace import tracer
+from pool import tracer
 
 _log = logging.getLogger("spacepool.app")
 

@@ -6,8 +6,7 @@ from __future__ import annotations
 
 from ._auth import GATE, Gate, gate_of, is_admin, pass_gate, require_admin_token, require_api_token
 from ._boundary import BadJson, Boundary, parse_json, upload_id, upload_token
-from ._files import FileOutput, FileStore, file_response, inert_headers, run_sweeper
-from ._files import router as files_router
+from ._files import FileOutput, FileStore, run_sweeper
 from ._schemas import (
     API_NAME_PATTERN,
     EMAIL_MAX_CHARS,
@@ -26,6 +25,7 @@ from ._schemas import (
     is_file_form,
     to_jsonable,
 )
+from ._serving import file_response, inert_headers
 
 __all__ = [
     "API_NAME_PATTERN",
@@ -48,7 +48,6 @@ __all__ = [
     "PredictResponse",
     "Stage",
     "file_response",
-    "files_router",
     "gate_of",
     "inert_headers",
     "is_admin",

@@ -33,9 +33,9 @@ from opentelemetry import trace
 from pydantic import SecretStr
 
 from pool import get_pool
-from pool._consumer import CURRENT
+from pool.admission import CURRENT
 
-from ..core import AuthError, context_of, settings_of
+from ..core import AuthError, context_of, services_of, settings_of
 from ..teams import KEY_PREFIX, METER, OPEN_KEY, TOKEN_KEY, KeyRecord, Keys, Meter, Usage
 
 
@@ -73,6 +73,7 @@ def _makes_call(request: Request) -> bool:
         path in ("/api/predict", "/api/jobs")
         or path.endswith("/gradio_api/queue/join")
         or "/gradio_api/call/" in path
+        or "/gradio_api/run/" in path
     )
 
 
@@ -117,7 +118,7 @@ async def require_api_token(request: Request) -> None:
     """The API token or a live API key (when a token is configured, one of them)."""
     expected = settings_of(request).api_token
     presented = _presented(request)
-    keys: Keys | None = getattr(request.app.state, "keys", None)
+    keys = services_of(request).find(Keys)
     if request.url.path.startswith("/api/jobs/") and is_admin(request):  # every team's jobs
         METER.set(Meter(*TOKEN_KEY, context_of(request)))
         return
@@ -142,15 +143,15 @@ async def require_api_token(request: Request) -> None:
 async def _enter(request: Request, record: KeyRecord) -> None:
     """The request runs as ``record``'s consumer; a call is counted against its quota."""
     if _makes_call(request):
-        usage: Usage = request.app.state.usage
+        usage = services_of(request).get(Usage)
         day = await usage.admit_call(record)
 
         async def unspend() -> None:  # the request made no call after all (app/core/_logging.py)
             await usage.unspend_call(record, day)
 
         context_of(request).unspend = unspend
-    keys: Keys = request.app.state.keys
-    GATE.set(gate_of(keys, request.app.state.usage, record.id))
+    services = services_of(request)
+    GATE.set(gate_of(services.get(Keys), services.get(Usage), record.id))
     CURRENT.set(record.consumer())
     METER.set(Meter(record.id, record.name, context_of(request)))
     context_of(request).key = record.name

@@ -29,7 +29,7 @@ from typing import Any
 from cachetools import TTLCache
 
 from pool import InvalidRequest, file_arg, is_file_data
-from pool.connections._downloads import files_in
+from pool.connections import files_in
 from pool.transport import SpaceFile, is_url, safe_name
 
 from ..core import InvalidFileReference

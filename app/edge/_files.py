@@ -1,4 +1,4 @@
-"""Output files served to HTTP callers: ``GET /api/files/{token}``.
+"""Output files kept for HTTP callers, served at ``GET /api/files/{token}`` (app/api/_files.py).
 
 A file in a Space's result is fetched by the pool while the request's slot is held
 (``Pool.predict(download_to=...)``, bounded by ``POOL_FILE_MAX_BYTES`` and
@@ -45,21 +45,16 @@ import re
 import secrets
 import shutil
 import time
-import urllib.parse
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import IO, Any, Literal
 
-from fastapi import APIRouter, Depends, HTTPException, Request
-from fastapi.responses import StreamingResponse
-
 from pool import LocalFile
-from pool._consumer import current as current_consumer
+from pool.admission import current as current_consumer
 
-from ..core import FileNotFound, UploadTooLarge
-from ._auth import require_api_token
+from ..core import UploadTooLarge
 
 _log = logging.getLogger("spacepool.app")
 TOKEN_SHAPE = r"[A-Za-z0-9_-]{43}"
@@ -67,7 +62,6 @@ TOKEN_PATTERN = re.compile(rf"^{TOKEN_SHAPE}$")
 FilesMode = Literal["url", "inline"]
 SWEEP_EVERY_S = 60.0
 _STALE_S = 86_400.0  # partial downloads and upload folders left behind by a crash
-_CHUNK = 64 * 1024
 
 
 def _private(path: str, flags: int) -> int:
@@ -361,127 +355,3 @@ async def run_sweeper(store: FileStore) -> None:
             await asyncio.to_thread(store.sweep)
         except Exception:
             _log.warning("file sweep failed", exc_info=True)
-
-
-router = APIRouter(dependencies=[Depends(require_api_token)])
-
-
-def _store(request: Request) -> FileStore:
-    store: FileStore = request.app.state.files
-    return store
-
-
-@router.get(
-    "/api/files/{token}",
-    response_class=StreamingResponse,
-    responses={
-        200: {"content": {"application/octet-stream": {}}, "description": "the file"},
-        206: {"description": "the requested byte range"},
-        404: {"description": "unknown or expired file URL"},
-        416: {"description": "range not satisfiable"},
-    },
-    tags=["files"],
-)
-async def get_file(token: str, request: Request) -> StreamingResponse:
-    """An output file, by the URL a result gave; 404 once it expired.
-
-    One ``Range: bytes=a-b`` (or ``a-``, ``-n``) is answered 206, so players can seek;
-    an unsatisfiable one is 416; several ranges get the whole file.
-    """
-    # Always a download here (the API's contract); the front shows media inline.
-    return file_response(_store(request), token, request, inline_media=False)
-
-
-def file_response(
-    store: FileStore, token: str, request: Request, *, inline_media: bool
-) -> StreamingResponse:
-    """The stored file of ``token`` (FileNotFound: 404), ranges honoured, inert."""
-    opened = store.open(token)
-    if opened is None:
-        raise FileNotFound("no such file here (unknown or expired URL)")
-    handle, meta = opened
-    try:
-        size = os.fstat(handle.fileno()).st_size
-        span = byte_range(request.headers.get("range"), size)
-    except BaseException:
-        handle.close()
-        raise
-    mime = str(meta.get("mime_type") or "application/octet-stream")
-    start, end = span or (0, size - 1)
-    headers = {
-        "Content-Length": str(end - start + 1),
-        "Accept-Ranges": "bytes",
-        **inert_headers(mime, str(meta.get("name") or "file"), inline_media=inline_media),
-    }
-    if span is not None:
-        headers["Content-Range"] = f"bytes {start}-{end}/{size}"
-    return StreamingResponse(
-        _read(handle, start, end - start + 1),
-        status_code=206 if span is not None else 200,
-        media_type=mime,
-        headers=headers,
-    )
-
-
-def inline_safe(mime: str) -> bool:
-    """A media type a browser only displays: images (SVG can script), audio, video."""
-    kind = mime.split(";", 1)[0].strip().lower()
-    return kind.startswith(("image/", "audio/", "video/")) and kind != "image/svg+xml"
-
-
-def inert_headers(mime: str, name: str, *, inline_media: bool = True) -> dict[str, str]:
-    """The headers of every file this service serves (its own store, the front's
-    uploads, a Space's ``file=``): nothing a caller or a Space put in a file can run
-    on this service's origin (the dashboard's admin token lives there). Never sniffed,
-    sandboxed, and a download unless a media type that cannot script."""
-    quoted = urllib.parse.quote(name, safe="")
-    disposition = "inline" if inline_media and inline_safe(mime) else "attachment"
-    return {
-        "Content-Disposition": f"{disposition}; filename*=UTF-8''{quoted}",
-        "X-Content-Type-Options": "nosniff",
-        "Content-Security-Policy": "sandbox; default-src 'none'; style-src 'unsafe-inline';"
-        " img-src 'self' data:; media-src 'self'",
-        "Cache-Control": "private, no-store",
-    }
-
-
-_RANGE = re.compile(r"^bytes=(\d*)-(\d*)$")
-
-
-def byte_range(header: str | None, size: int) -> tuple[int, int] | None:
-    """The (first, last) byte of a single-range ``Range`` header; None: the whole file.
-
-    Raises a 416 (with ``Content-Range: bytes */size``) when it cannot be satisfied.
-    """
-    if not header:
-        return None
-    match = _RANGE.fullmatch(header.strip().replace(" ", ""))
-    if match is None:
-        return None  # several ranges or another unit: the whole file (RFC 9110 allows it)
-    first, last = match.groups()
-    if not first and not last:
-        return None
-    if not first:  # the last n bytes
-        length = min(int(last[:19]), size)
-        if length == 0:
-            raise _unsatisfiable(size)
-        return size - length, size - 1
-    start = int(first[:19])
-    end = min(int(last[:19]), size - 1) if last else size - 1
-    if start >= size or end < start:
-        raise _unsatisfiable(size)
-    return start, end
-
-
-def _unsatisfiable(size: int) -> HTTPException:
-    return HTTPException(416, "range not satisfiable", headers={"Content-Range": f"bytes */{size}"})
-
-
-async def _read(handle: IO[bytes], start: int, length: int) -> AsyncIterator[bytes]:
-    try:
-        handle.seek(start)
-        while length > 0 and (chunk := handle.read(min(_CHUNK, length))):
-            length -= len(chunk)
-            yield chunk
-    finally:
-        handle.close()

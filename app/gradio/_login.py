@@ -59,8 +59,7 @@ from fastapi.responses import JSONResponse, RedirectResponse, Response
 
 from pool import Pool, PoolError, UnknownSpace, UpstreamError, get_pool
 from pool.admission import SharedValues
-
-from ._space_view import transport_of
+from pool.transport import ProtocolNotSupported
 
 LOGIN_TTL_S = 24 * 3600
 FAILURES_MAX = 10  # failed logins of one caller as one user on one Space …
@@ -202,26 +201,14 @@ def logout(scope: str | None, front_root: str) -> Response:
 
 async def _space_accepts(pool: Pool, names: list[str], username: str, password: str) -> bool:
     """Whether the first of ``names`` that answers accepts the login (gradio/routes.py
-    ``login``: 200, or 400 "Incorrect credentials."); its token given back at once."""
+    ``login``: 200, or 400 "Incorrect credentials."; ``Pool.space_login``: its token
+    given back at once)."""
     last: Exception | None = None
     for name in names:
         try:
-            transport, _ = await transport_of(pool, name)
-            answer = await transport.http.post(  # httpx.Auth(): not the pool's own login
-                transport.src + "login", data={"username": username, "password": password},
-                auth=httpx.Auth(),
-            )  # fmt: skip
-        except (httpx.HTTPError, PoolError) as exc:
+            return await pool.space_login(name, username, password)
+        except UpstreamError:
+            raise
+        except (httpx.HTTPError, PoolError, ProtocolNotSupported) as exc:
             last = exc
-            continue
-        if answer.status_code in (400, 401, 403):
-            return False
-        if answer.status_code != 200:
-            raise UpstreamError(f"the Space's login answered HTTP {answer.status_code}")
-        cookie = "; ".join(f"{c.name}={c.value}" for c in answer.cookies.jar)
-        # The token is not ours to keep: logged out (this one only: all_session=false).
-        with contextlib.suppress(httpx.HTTPError):
-            await transport.http.get(transport.src + "logout", params={"all_session": "false"},
-                                     headers={"cookie": cookie}, auth=httpx.Auth())  # fmt: skip
-        return True
     raise UpstreamError(f"no Space answered the login ({type(last).__name__})")

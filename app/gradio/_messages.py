@@ -37,8 +37,7 @@ from typing import Any
 from pool import PoolError
 from pool.admission import SharedValues
 
-from ..api import KEEPALIVE_S
-from ..core import Draining
+from ..core import KEEPALIVE_S, Draining
 
 _log = logging.getLogger("spacepool.app")
 MAX_UNREAD = 4096  # messages of one session waiting for its stream, at most

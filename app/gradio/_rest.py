@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from typing import Any
 
 from fastapi import Request
@@ -23,7 +23,10 @@ from pool.transport import apply_diff
 
 from ..core import bounded
 from ..edge import BadJson, parse_json
-from ._front_sessions import EventRequest, FrontSession, FrontSessions
+from ._event_request import event_of
+from ._fleet import call_key
+from ._front_session import FrontSession
+from ._front_sessions import FrontSessions
 from ._space_view import served
 
 
@@ -31,17 +34,20 @@ async def call_post(
     request: Request,
     front: FrontSessions,
     scope: str | None,
-    event_of: Callable[[Request, dict[str, Any]], Awaitable[EventRequest]],
+    email: str | None,
+    front_root: str,
 ) -> Response:
-    """``POST call/{api_name}``; ``event_of(request, body)`` builds the event as a join's.
-    Failures are raised (the routes answer them)."""
+    """``POST call/{api_name}`` of ``email``'s user; its event built as a join's
+    (:func:`~app.gradio._event_request.event_of`). Failures are raised (the routes
+    answer them)."""
     try:
         body = parse_json(await request.body())
     except BadJson as exc:
         raise InvalidRequest(f"invalid body: {exc}") from None
     if not isinstance(body, dict) or not isinstance(body.get("data"), list):
         raise InvalidRequest('the body must be {"data": [...]}')
-    _, _, app = await served(get_pool(), scope)
+    pool = get_pool()
+    _, app = await served(pool, scope)
     name = "/" + str(request.path_params["api_name"]).strip("/")
     endpoint = app.endpoint(name) if name in app.api_names() else None
     if endpoint is None:
@@ -51,10 +57,11 @@ async def call_post(
         data.insert(position, None)
     given = body.get("session_hash")
     session_hash = given if isinstance(given, str) and given else uuid.uuid4().hex
-    event = await event_of(request, {"fn_index": endpoint.fn_index, "data": data})
+    body = {"fn_index": endpoint.fn_index, "data": data}
+    event = await event_of(pool, front.outputs, scope, body, email, front_root)
     session = await front.open(scope, session_hash, event.email)
     event_id = await session.join(event)
-    await front.remember_call(event_id, session, not isinstance(given, str) or not given)
+    await _remember(front, event_id, session, not isinstance(given, str) or not given)
     return JSONResponse({"event_id": event_id})
 
 
@@ -63,7 +70,7 @@ async def call_get(request: Request, front: FrontSessions, email: str | None) ->
     own scope and user's only: another's is unknown, issue 38)."""
     event_id = str(request.path_params["event_id"])
     alias = request.path_params.get("alias")
-    found = await front.recall(event_id, email, None if alias is None else str(alias))
+    found = await _recall(front, event_id, email, None if alias is None else str(alias))
     if found is None:
         return JSONResponse({"detail": "Not Found"}, status_code=404)
     session, own = found
@@ -109,3 +116,32 @@ def _whole(previous: list[Any] | None, data: list[Any]) -> list[Any]:
             merged.append(None)
         merged[i] = apply_diff(merged[i], diff)
     return merged
+
+
+async def _remember(front: FrontSessions, event_id: str, session: FrontSession, own: bool) -> None:
+    """A REST call to be read by ``GET call/…/{event_id}`` on any worker: its session,
+    and whether it was made for the call (ended after it)."""
+    record = json.dumps({"scope": session.scope, "hash": session.hash, "own": own})
+    await front.values().put(call_key(event_id), record, front.shared_ttl_s)
+
+
+async def _recall(
+    front: FrontSessions, event_id: str, email: str | None, scope: str | None
+) -> tuple[FrontSession, bool] | None:
+    """The session of a REST call not read yet, and whether it was made for the call;
+    taken (a call's stream is read once). None: unknown, made under another scope than
+    ``scope``, or another identity's."""
+    key = call_key(event_id)
+    raw = await front.values().get(key)
+    try:
+        found: dict[str, Any] = json.loads(raw or "null")
+        made, session_hash, own = found["scope"], str(found["hash"]), bool(found["own"])
+    except (ValueError, KeyError, TypeError):
+        return None
+    if (None if made is None else str(made)) != scope:
+        return None
+    session = await front.find(scope, session_hash, email)
+    if session is None:
+        return None
+    await front.values().delete(key)
+    return session, own

@@ -31,19 +31,11 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.datastructures import UploadFile
 
-from pool import (
-    BusyError,
-    InvalidRequest,
-    Pool,
-    PoolError,
-    UserLimitReached,
-    check_outbound,
-    get_pool,
-)
-from pool._consumer import CURRENT
-from pool.transport import SpaceTransport, safe_name
+from pool import BusyError, InvalidRequest, PoolError, UserLimitReached, get_pool
+from pool.admission import CURRENT
+from pool.transport import safe_name
 
-from ..core import bounded, context_of, describe, settings_of
+from ..core import bounded, context_of, describe, services_of, settings_of
 from ..edge import (
     EMAIL_MAX_CHARS,
     BadJson,
@@ -55,18 +47,14 @@ from ..edge import (
     upload_id,
     upload_token,
 )
-from ..teams import Keys
+from ..teams import Keys, Usage
 from . import _login, _rest
-from ._front_sessions import (
-    EventRequest,
-    FrontBusy,
-    FrontSession,
-    FrontSessions,
-    FrontUnavailable,
-    NotYours,
-)
-from ._rewrite import rewriter
-from ._space_view import SeveralApps, file_headers, front_config, open_file, served, transport_of
+from ._event_request import EventRequest, event_of
+from ._front_errors import FrontBusy, FrontUnavailable, NotYours
+from ._front_session import FrontSession
+from ._front_sessions import FrontSessions
+from ._space_view import SeveralApps, file_headers, front_config, front_info, served
+from ._visitors import visitor_email
 
 USER_HEADER = "x-spacepool-user"
 # The heartbeat's cadence until the Space's own is known (it is measured on the Space's
@@ -91,7 +79,7 @@ async def _token_or_quota(request: Request) -> None:
         request.state.quota_refusal = exc
         # Its session is the key's (users are hashed within their key): as the key's.
         scheme, _, bearer = request.headers.get("authorization", "").partition(" ")
-        keys: Keys | None = getattr(request.app.state, "keys", None)
+        keys = services_of(request).find(Keys)
         if scheme.lower() == "bearer" and keys is not None:
             record = await keys.find(bearer.strip())
             if record is not None:
@@ -102,8 +90,7 @@ _TOKEN = [Depends(_token_or_quota)]
 
 
 def sessions(request: Request) -> FrontSessions:
-    front: FrontSessions = request.app.state.gradio_sessions
-    return front
+    return services_of(request).get(FrontSessions)
 
 
 def _scope(request: Request) -> str | None:
@@ -120,13 +107,27 @@ def _front_root(request: Request) -> str:
     return f"{base}/gradio/{scope}" if scope is not None else f"{base}/gradio"
 
 
+def _link_root(request: Request) -> str:
+    """The scope's address in the links the service answers with (login and logout
+    redirects): ``POOL_PUBLIC_URL``'s when set, else a path (``/gradio/…`` under the
+    root path), which the caller resolves against the address it used: never built
+    from its ``Host`` header (issue 38). A config's ``root`` must be absolute for the
+    clients (:func:`_front_root`; docs/gradio-front.md, "The config's root")."""
+    if settings_of(request).public_url:
+        return _front_root(request)
+    scope = _scope(request)
+    base = str(request.scope.get("root_path", "")).rstrip("/")
+    return f"{base}/gradio/{scope}" if scope is not None else f"{base}/gradio"
+
+
 def _email(request: Request) -> str | None:
-    """The ``X-Spacepool-User`` header, checked as the JSON API checks ``email``."""
+    """The ``X-Spacepool-User`` header, checked as the JSON API checks ``email``; without
+    one, a page's visitor while pages are served (:mod:`._visitors`)."""
     value = request.headers.get(USER_HEADER, "").strip()
     if value and not is_email(value):
         raise InvalidRequest(f"{USER_HEADER} must be an email address (at most"
                              f" {EMAIL_MAX_CHARS} characters)")  # fmt: skip
-    return value or None
+    return value or visitor_email(request)
 
 
 def _error(exc: BaseException) -> Response:
@@ -157,28 +158,25 @@ def _invalid(message: str) -> dict[str, Any]:
 
 # -- config and API ----------------------------------------------------------------------
 async def config(request: Request) -> Response:
-    _, _, app = await served(get_pool(), _scope(request))
+    _, app = await served(get_pool(), _scope(request))
     return JSONResponse(front_config(app, _front_root(request)))
 
 
 async def info(request: Request) -> Response:
     """The Space's ``info`` as it answers it (with the caller's query)."""
-    _, transport, app = await served(get_pool(), _scope(request))
-    upstream = await transport.home.send(transport.http, "GET", app.url("info"),
-                                         params=request.query_params)  # fmt: skip
-    body = rewriter(app.src, _front_root(request))(upstream.json())
-    return JSONResponse(body, status_code=upstream.status_code)
+    status, body = await front_info(get_pool(), _scope(request), request.query_params,
+                                    _front_root(request))  # fmt: skip
+    return JSONResponse(body, status_code=status)
 
 
 async def app_id(request: Request) -> Response:
-    _, _, app = await served(get_pool(), _scope(request))
+    _, app = await served(get_pool(), _scope(request))
     return JSONResponse({"app_id": app.app_id})
 
 
 # -- files ---------------------------------------------------------------------------------
 def _store(request: Request) -> FileStore:
-    store: FileStore = request.app.state.files
-    return store
+    return services_of(request).get(FileStore)
 
 
 async def upload(request: Request) -> Response:
@@ -195,7 +193,7 @@ async def upload(request: Request) -> Response:
             name = safe_name(item.filename)
             local = await store.receive(_chunks(item), name, limit)
             token, _ = await asyncio.to_thread(store.keep, local)
-            if (usage := getattr(request.app.state, "usage", None)) is not None:
+            if (usage := services_of(request).find(Usage)) is not None:
                 usage.on_upload(local.size)  # in the key's usage (issue 38)
             paths.append(upload_id(token, name))
     return JSONResponse(paths)
@@ -219,7 +217,7 @@ def _space_path(path: str) -> str | None:
 
 async def file(request: Request) -> Response:
     """``GET file={path}``: an upload of ours, or the Space's file (streamed); inert
-    on this origin either way (app.edge._files.inert_headers)."""
+    on this origin either way (app.edge._serving.inert_headers)."""
     path = str(request.path_params["path"])
     token = upload_token(path)
     if token is not None:
@@ -231,9 +229,8 @@ async def file(request: Request) -> Response:
     names = [scope] if scope is not None else list(pool.spaces)
     for name in names:
         with contextlib.suppress(Exception):
-            transport, app = await transport_of(pool, name)
             stack = contextlib.AsyncExitStack()
-            response = await stack.enter_async_context(open_file(transport, app, checked))
+            response = await stack.enter_async_context(pool.space_file(name, checked))
             if response is None:
                 await stack.aclose()
                 continue
@@ -278,69 +275,11 @@ async def join(request: Request) -> Response:
     return JSONResponse({"event_id": event_id})
 
 
-# The join body's fields other than data, fn_index and session_hash, as a Space takes
-# them (gradio/data_classes.py ``PredictBody``), each with the type it must have; passed
-# to the Space as sent. (``event_id`` is the Space's to give; ``batched`` its own queue's.)
-_FIELDS: dict[str, type] = {
-    "event_data": object,
-    "trigger_id": int,
-    "oauth_token": str,  # the caller's, for an endpoint taking a gr.OAuthToken
-    "simple_format": bool,
-}
-
-
-def _fields(body: dict[str, Any]) -> dict[str, Any]:
-    """The rest of the join body (:data:`_FIELDS`); 422 for a field of the wrong type."""
-    fields: dict[str, Any] = {}
-    for name, kind in _FIELDS.items():
-        value = body.get(name)
-        if value is None:
-            continue
-        if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
-            raise InvalidRequest(f"{name} must be {kind.__name__}")
-        fields[name] = value
-    return fields
-
-
-async def _screened(pool: Pool, scope: str | None, payload: list[Any]) -> None:
-    """The outbound secret guard of the scope's Spaces (as each event's lease applies
-    it), before the event is queued: a refusal is the join's 4xx."""
-    guard = pool.settings.secret_guard
-    names = [scope] if scope is not None else list(pool.spaces)
-    if guard == "on" or (guard == "auto" and any(pool.spaces[n].spec.is_hub for n in names)):
-        await asyncio.to_thread(check_outbound, tuple(payload), {})
-
-
 async def _event(request: Request, body: dict[str, Any]) -> EventRequest:
     email = _email(request)
     context_of(request).user = get_pool().hash_user(email)
-    return await event_of(sessions(request), _scope(request), body, email, _front_root(request))
-
-
-async def event_of(
-    front: FrontSessions, scope: str | None, body: dict[str, Any], email: str | None,
-    front_root: str,
-) -> EventRequest:  # fmt: skip
-    """The event of a join ``body`` (checked: the function, the data, the other fields,
-    the trust boundary, the secret guard), on the worker that got the join or on the
-    session's runner it was handed to (:meth:`FrontSession.join`)."""
-    pool = get_pool()
-    _, _, app = await served(pool, scope)
-    fn_index, data = body.get("fn_index"), body.get("data")
-    if not isinstance(fn_index, int) or fn_index not in app.endpoints:
-        raise InvalidRequest(f"no function {fn_index!r} in this app")
-    if not isinstance(data, list):
-        raise InvalidRequest("data must be a list")
-    fields = _fields(body)
-    await front.known_outputs(data)  # relayed by another worker of the fleet, perhaps
-    data = front.boundary.values(data, "data")
-    await _screened(pool, scope, [*data, *fields.values()])
-    endpoint = app.endpoints[fn_index]
-    return EventRequest(
-        api_name=endpoint.api_name if endpoint.public else None, fn_index=fn_index, data=data,
-        email=email, queue_timeout_s=pool.settings.queue_timeout_s,
-        front_root=front_root, fields=fields, body=body,
-    )  # fmt: skip
+    return await event_of(get_pool(), sessions(request).outputs, _scope(request), body, email,
+                          _front_root(request))  # fmt: skip
 
 
 async def data(request: Request) -> Response:
@@ -392,15 +331,27 @@ async def heartbeat(request: Request) -> Response:
     front = sessions(request)
     hashed = str(request.path_params["session_hash"])
     session = await front.open(_scope(request), hashed, _email(request))
-    transport = None
+    name = None
     with contextlib.suppress(PoolError, FrontUnavailable):  # none answers: the default
-        _, transport, _ = await served(get_pool(), _scope(request))
-    beats = bounded(request, _email(request), _beats(front, session, transport))
+        name, _ = await served(get_pool(), _scope(request))
+    beats = bounded(request, _email(request), _beats(front, session, name))
     return StreamingResponse(beats, media_type="text/event-stream", headers=_SSE)
 
 
+async def _cadence(front: FrontSessions, session: FrontSession, served_by: str | None
+                   ) -> float | None:  # fmt: skip
+    """The heartbeat cadence the pool measured on the session's Space (else the served
+    one's; measured now if it never was): None while not known."""
+    space = session.ran_on or served_by
+    if space is None:
+        return None
+    with contextlib.suppress(Exception):  # not known (the Space does not answer)
+        return await front.pool.space_cadence(space)
+    return None
+
+
 async def _beats(
-    front: FrontSessions, session: FrontSession, served_by: SpaceTransport | None
+    front: FrontSessions, session: FrontSession, served_by: str | None
 ) -> AsyncIterator[str]:
     """``ALIVE`` at the Space's own cadence (gradio/routes.py ``heartbeat``), as the
     pool last measured it on the session's Space (else the served one's; measured now
@@ -414,10 +365,7 @@ async def _beats(
     try:
         while not draining.is_set():
             yield "data: ALIVE\n\n"
-            space = session.transport or served_by
-            cadence = space.cadence.interval_s if space is not None else None
-            if space is not None and cadence is None:
-                space.measure_cadence()
+            cadence = await _cadence(front, session, served_by)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(
                     draining.wait(), ALIVE_S if cadence is None else min(ALIVE_MAX_S, cadence)
@@ -432,7 +380,10 @@ async def _beats(
 
 
 async def call_post(request: Request) -> Response:
-    return await _rest.call_post(request, sessions(request), _scope(request), _event)
+    email = _email(request)
+    context_of(request).user = get_pool().hash_user(email)
+    return await _rest.call_post(request, sessions(request), _scope(request), email,
+                                 _front_root(request))  # fmt: skip
 
 
 async def call_get(request: Request) -> Response:
@@ -440,11 +391,16 @@ async def call_get(request: Request) -> Response:
 
 
 async def login(request: Request) -> Response:
-    return await _login.login(request, _scope(request), _front_root(request))
+    answer = await _login.login(request, _scope(request), _link_root(request))
+    # A page's own login form (a same-origin fetch) says "incorrect credentials" on the
+    # Space's own 400 only; the clients (no Sec-Fetch-Site) read a 401 as wrong ones.
+    if answer.status_code == 401 and request.headers.get("sec-fetch-site") == "same-origin":
+        answer.status_code = 400
+    return answer
 
 
 async def logout(request: Request) -> Response:
-    return _login.logout(_scope(request), _front_root(request))
+    return _login.logout(_scope(request), _link_root(request))
 
 
 def _answering(endpoint: Endpoint, *, checked: bool = True) -> Endpoint:

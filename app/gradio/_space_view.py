@@ -1,50 +1,37 @@
 """What the front reads from the Spaces: their config and API, their files.
 
-No admission here: reading a Space's config, API or a file runs nothing on it (as
-``Pool.endpoints``). The Space's own URLs never reach the caller: every string that
-starts with the Space's address is rewritten to the service's (:func:`rewriter`).
+No admission here: reading a Space's config, API or a file runs nothing on it. All of
+it comes through the pool's reads of what a Space serves without admission
+(``Pool.space_app``, ``space_info``, ``space_file``: pool/_space_reads.py); the front
+never checks out a connection nor touches a transport. The Space's own URLs never reach
+the caller: every string that starts with the Space's address is rewritten to the
+service's (:func:`rewriter`).
 """
 
 from __future__ import annotations
 
-import contextlib
 import copy
-import urllib.parse
-from collections.abc import AsyncIterator
+from collections.abc import Mapping
 from typing import Any
 
 import httpx
 
-from pool import NoHealthySpaceError, Pool, UnknownSpace
-from pool.transport import AppInfo, ProtocolNotSupported, SpaceTransport, safe_name
+from pool import NoHealthySpaceError, Pool
+from pool.transport import AppInfo, ProtocolNotSupported, safe_name
 
 from ..edge import inert_headers
-from ._front_sessions import FrontUnavailable
+from ._front_errors import FrontUnavailable
 from ._rewrite import rewriter
 
 _PASSED_HEADERS = ("content-type", "content-length")
 
 
-async def transport_of(pool: Pool, name: str) -> tuple[SpaceTransport, AppInfo]:
-    """The Space's HTTP transport and its app as last read (the pool re-reads it when
-    the Space restarts); a connection is opened if the Space has none yet (no slot is
-    taken)."""
-    await pool.start()
-    sp = pool.spaces.get(name)
-    if sp is None:
-        raise UnknownSpace(name, list(pool.spaces))
-    conn = sp.current_connection()
-    leased = None
-    if conn is None:
-        leased = conn = await sp.checkout()
+async def app_of(pool: Pool, name: str) -> AppInfo:
+    """The Space's app as last read (the pool re-reads it when the Space restarts)."""
     try:
-        try:
-            return conn.client.wire()
-        except ProtocolNotSupported:
-            raise FrontUnavailable("the Gradio front needs POOL_TRANSPORT=native") from None
-    finally:
-        if leased is not None:
-            sp.checkin(leased, discard=False)
+        return await pool.space_app(name)
+    except ProtocolNotSupported:
+        raise FrontUnavailable("the Gradio front needs POOL_TRANSPORT=native") from None
 
 
 class SeveralApps(Exception):
@@ -63,12 +50,12 @@ class SeveralApps(Exception):
         self.apps = apps
 
 
-async def served(pool: Pool, scope: str | None) -> tuple[str, SpaceTransport, AppInfo]:
-    """The Space whose config a scope serves: the alias, or for the pool the first
-    configured Space that answers when the pool's Spaces are replicas of one app
-    (:class:`SeveralApps` otherwise)."""
+async def served(pool: Pool, scope: str | None) -> tuple[str, AppInfo]:
+    """The Space whose config a scope serves, and its app: the alias, or for the pool
+    the first configured Space that answers when the pool's Spaces are replicas of one
+    app (:class:`SeveralApps` otherwise)."""
     if scope is not None:
-        return (scope, *await transport_of(pool, scope))
+        return scope, await app_of(pool, scope)
     await pool.start()
     if len(pool.spaces) > 1:
         await pool.apps.discover(lambda name: True)  # each Space's API, once
@@ -79,7 +66,7 @@ async def served(pool: Pool, scope: str | None) -> tuple[str, SpaceTransport, Ap
         if not sp.is_up():
             continue
         try:
-            return (name, *await transport_of(pool, name))
+            return name, await app_of(pool, name)
         except FrontUnavailable:
             raise
         except Exception as exc:
@@ -98,26 +85,18 @@ def front_config(app: AppInfo, front_root: str) -> dict[str, Any]:
     return dict(config)
 
 
-@contextlib.asynccontextmanager
-async def open_file(
-    transport: SpaceTransport, app: AppInfo, path: str
-) -> AsyncIterator[httpx.Response | None]:
-    """The Space's ``file=`` response for ``path`` (gradio/routes.py ``file``), open
-    for streaming; None when the Space does not serve it."""
-    url = app.url("file=" + urllib.parse.quote(path, safe="/"))
-    # The home replica's cookies (pool/transport/_affinity.py): the front cannot tell
-    # which session, hence which replica, made the file.
-    request = transport.http.build_request("GET", url, headers=transport.home.headers(url))
-    response = await transport.http.send(request, stream=True)
-    try:
-        yield response if response.status_code == 200 else None
-    finally:
-        await response.aclose()
+async def front_info(
+    pool: Pool, scope: str | None, params: Mapping[str, str], front_root: str
+) -> tuple[int, Any]:
+    """The served Space's ``info`` as it answers it (with the caller's query), rewritten."""
+    name, app = await served(pool, scope)
+    status, body = await pool.space_info(name, params)
+    return status, rewriter(app.src, front_root)(body)
 
 
 def file_headers(response: httpx.Response, path: str) -> dict[str, str]:
     """A Space's file as this service serves it: length and type passed on, made
-    inert on this origin (:func:`app._filestore.inert_headers`)."""
+    inert on this origin (:func:`app.edge._files.inert_headers`)."""
     mime = response.headers.get("content-type", "application/octet-stream")
     passed = {k: v for k in _PASSED_HEADERS if (v := response.headers.get(k)) is not None}
     return {**passed, **inert_headers(mime, safe_name(path.rsplit("/", 1)[-1]))}

@@ -34,16 +34,15 @@ from collections.abc import Callable
 from typing import Any
 
 from pool import get_pool
-from pool._consumer import CURRENT
-from pool.admission import SharedValues
-from pool.admission._ownership import Heartbeat, Holder, Owners, reclaimable
+from pool.admission import CURRENT, Heartbeat, Holder, Owners, SharedValues, reclaimable
 
 from ..calls import checked_call
 from ..core import RequestContext
 from ..edge import GATE, Boundary, FileOutput, Gate, PredictRequest
 from ..teams import METER, KeyRecord, Keys, Meter
-from ._runner import JobRecord, JobRunner
+from ._runner import JobRunner
 from ._shared import SharedJobStore
+from ._store import JobRecord
 
 _log = logging.getLogger("spacepool.app")
 OWNER = "jobowner:"  # jobowner:<worker> while that worker is alive

@@ -2,7 +2,7 @@
 
 Several uvicorn workers (or hosts) share one coordinator; a client's GET, SSE or DELETE
 may land on a worker other than the one running the job. The running worker keeps the
-authoritative record in its :class:`~app.jobs._runner.MemoryJobStore` (events, history) and
+authoritative record in its :class:`~app.jobs._store.MemoryJobStore` (events, history) and
 writes each new version to the coordinator's shared values under ``job:<id>``, with
 the retention as TTL, and indexes the job under ``jobrun:<id>`` (owner, deadline, and
 the body when it could run again) for :mod:`app.jobs._reclaim`.
@@ -41,12 +41,10 @@ from collections.abc import Callable, Mapping
 from dataclasses import asdict, replace
 from typing import Any, Literal
 
-from pool.admission import SharedValues
-from pool.admission._ownership import Holder, taken_over, write_fenced
-from pool.admission._watch import Changed
+from pool.admission import Changed, Holder, SharedValues, taken_over, write_fenced
 
 from ..edge import FINAL_STAGES
-from ._runner import JobRecord, MemoryJobStore
+from ._store import JobRecord, MemoryJobStore
 
 _log = logging.getLogger("spacepool.app")
 _JOB = "job:"
@@ -65,7 +63,7 @@ def _holder(record: JobRecord) -> Holder:
 
 
 class SharedJobStore:
-    """A :class:`~app.jobs._runner.JobStore` whose jobs every worker can read and cancel."""
+    """A :class:`~app.jobs._store.JobStore` whose jobs every worker can read and cancel."""
 
     def __init__(
         self,

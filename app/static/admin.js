@@ -1,6 +1,7 @@
 // spacepool dashboard: polls /api/admin/pool-stats with the admin token and fills the page.
 //
-// * The token lives in sessionStorage (this tab only) and goes out as a bearer header; it
+// * The token lives in sessionStorage (this tab only), or in this page's memory only while
+//   the service serves Spaces' pages (see MEMORY_ONLY), and goes out as a bearer header; it
 //   is never put in a URL, and a refused token is forgotten at once.
 // * Nothing from the pool is on the page before the API has accepted the token, and all
 //   of it is removed again when the token is forgotten or refused.
@@ -93,7 +94,21 @@
   let usageAt = 0; // when the usage was last asked for
 
   // -- token --------------------------------------------------------------------------
+  // While the service serves Spaces' own pages (POOL_GRADIO_PAGES), their script runs on
+  // this origin and could read sessionStorage: the server then marks the page
+  // (data-token-store="memory") and the token lives in this page's memory only, asked at
+  // each visit, never stored (a token stored by an earlier visit is removed).
+  const MEMORY_ONLY = document.body.dataset.tokenStore === "memory";
+  if (MEMORY_ONLY) {
+    try {
+      sessionStorage.removeItem(KEY);
+    } catch (e) {
+      /* nothing stored */
+    }
+  }
+
   function token() {
+    if (MEMORY_ONLY) return null;
     try {
       return sessionStorage.getItem(KEY);
     } catch (e) {
@@ -102,6 +117,10 @@
   }
 
   function storeToken(value) {
+    if (MEMORY_ONLY) {
+      memoryToken = value;
+      return;
+    }
     try {
       sessionStorage.setItem(KEY, value);
     } catch (e) {

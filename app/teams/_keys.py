@@ -41,8 +41,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field
 
 from pool import BusyError, PoolError, get_pool
-from pool._consumer import CONSUMER_PREFIX, Consumer, anonymous_of
-from pool.admission import SharedValues
+from pool.admission import CONSUMER_PREFIX, Consumer, SharedValues, anonymous_of
 
 from ..core import KeyNameTaken, KeyNotFound
 

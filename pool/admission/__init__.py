@@ -1,11 +1,21 @@
-"""Admission: all-or-nothing FIFO leases over shared resources, behind one protocol."""
+"""Admission: all-or-nothing FIFO leases over shared resources, behind one protocol.
+
+Its face also carries what goes with a lease: the consumer a call is admitted for
+(``Consumer``, ``CURRENT``, ``identity``…, from the ground's :mod:`pool._consumer`), the
+one ownership mechanism of leases and durable jobs (``Holder``, ``Owners``,
+``write_fenced``…), watched shared values (``Changed``) and the waits in progress for
+pool-stats (``LiveWaits``).
+"""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
+from .._consumer import CURRENT, Consumer, anonymous_of, current, identity
+from ._live_waits import LiveWaits, WaitingCoordinator, summary
 from ._memory import MemoryCoordinator
-from ._protocol import AdmissionSnapshot, Coordinator, Lease, WaitTicket
+from ._ownership import Heartbeat, Holder, Owners, reclaimable, taken_over, write_fenced
+from ._protocol import AdmissionSnapshot, Coordinator, Lease, WaitTicket, new_id
 from ._rule import (
     BATCH,
     CONSUMER_PREFIX,
@@ -17,6 +27,7 @@ from ._rule import (
 )
 from ._store_layout import StoreRefused
 from ._values import SharedValues
+from ._watch import Changed
 
 _REDIS_SCHEMES = {
     "redis", "rediss", "unix", "redis+cluster", "rediss+cluster", "redis+sentinel",
@@ -57,17 +68,33 @@ def open_coordinator(
 __all__ = [
     "BATCH",
     "CONSUMER_PREFIX",
+    "CURRENT",
     "GLOBAL_RESOURCE",
     "INTERACTIVE",
     "PRIORITIES",
     "SPACE_PREFIX",
     "AdmissionSnapshot",
+    "Changed",
+    "Consumer",
     "Coordinator",
+    "Heartbeat",
+    "Holder",
     "Lease",
+    "LiveWaits",
     "MemoryCoordinator",
+    "Owners",
     "SharedValues",
     "StoreRefused",
     "WaitTicket",
+    "WaitingCoordinator",
+    "anonymous_of",
+    "current",
+    "identity",
+    "new_id",
     "open_coordinator",
     "plan_grants",
+    "reclaimable",
+    "summary",
+    "taken_over",
+    "write_fenced",
 ]

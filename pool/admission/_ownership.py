@@ -4,7 +4,7 @@ lost after a TTL, fenced on every write, reclaimed from an owner that is gone.
 Two kinds of things in a fleet belong to one process at a time and must survive
 that process dying or freezing: admission's leases and queue entries
 (:mod:`pool.admission._lease_keeper`, kept by the store's scripts and transactions)
-and the service's durable jobs (``app/_shared_jobs.py``, ``app/_reclaim.py``, kept in
+and the service's durable jobs (``app/jobs/_shared.py``, ``app/jobs/_reclaim.py``, kept in
 the shared values). Both follow the same rules, and the rules live here once:
 
 * **Heartbeat** (:class:`Heartbeat`). An owner renews what it owns every third of

@@ -43,15 +43,14 @@ from .._exceptions import (
 )
 from ..admission import Lease
 from ..resilience import Outcome
-from ..transport import Feed, Relay, SpaceCall, SpaceClient, UpstreamEvent
-from ..transport._errors import Classified, classify
+from ..transport import Classified, Feed, Relay, SpaceCall, SpaceClient, UpstreamEvent, classify
 from . import _downloads
 from ._cancels import deliver_cancel, first_attempt
 from ._connection import Connection
 from ._guard import check_outbound_off_loop
 from ._pacing import JoinPacer
 
-FailureHook = Callable[[Classified], bool]  # True: the pool counted a failover
+FailureHook = Callable[[Classified], bool]  # Failover.job_failed; True: a failover counted
 _RESERVED = frozenset({"fn_index", "result_callbacks"})
 DEFAULT_STREAM_KEEP = 32
 

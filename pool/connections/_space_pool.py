@@ -26,8 +26,7 @@ from .._clock import SYSTEM_CLOCK, Clock
 from .._exceptions import PoolClosedError, PoolError, UpstreamTransportError
 from .._spaces import SpaceSpec
 from ..resilience import RetryPolicy
-from ..transport import SpaceClient, SpaceOpener
-from ..transport._errors import classify_connect
+from ..transport import SpaceClient, SpaceOpener, classify_connect
 from ._connection import Connection, ConnState
 from ._pacing import JoinPacer
 from ._replicas import Replicas

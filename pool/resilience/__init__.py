@@ -13,11 +13,12 @@ from __future__ import annotations
 from .._retry import RetryPolicy  # a ground module: admission backs off by it too
 from ._board import HealthBoard
 from ._capacity import ResourceCap, resource_cap
-from ._control import FakeSpaceControl, HubSpaceControl, SpaceControl
+from ._control import WAKING_STAGES, FakeSpaceControl, HubSpaceControl, SpaceControl
 from ._health import HealthParams, Outcome, SpaceHealth
 from ._waking import WakePolicy, Waker, http_probe
 
 __all__ = [
+    "WAKING_STAGES",
     "FakeSpaceControl",
     "HealthBoard",
     "HealthParams",

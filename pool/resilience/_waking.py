@@ -21,6 +21,7 @@ connections and then asks the Hub to pause it.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -110,14 +111,17 @@ class Waker:
         spec: SpaceSpec,
         *,
         connected: bool,
-        probe: Callable[[], Awaitable[bool]],
+        probe_url: str | None,
+        http: httpx.AsyncClient | None,
         ticket: WaitTicket | None,
         give_up_at: float | None = None,
     ) -> None:
         """Return when ``spec`` can take the request; raise to fail it over.
 
-        ``give_up_at`` (this pool's clock) is the request's own deadline: waiting past
-        it raises :class:`DeadlineExceeded` (the wake itself goes on for others).
+        Whether a waking Space serves yet: its ``app_id`` route at ``probe_url``
+        (through ``http``), else the Hub's stage. ``give_up_at`` (this pool's clock) is
+        the request's own deadline: waiting past it raises :class:`DeadlineExceeded`
+        (the wake itself goes on for others).
         """
         name = spec.name
         health = self.board.get(name)
@@ -135,7 +139,17 @@ class Waker:
                 )
             if stage not in WAKING_STAGES:
                 return
-        await self._wait_awake(spec, probe, ticket, give_up_at)
+        await self._wait_awake(spec, functools.partial(self._answers, spec, probe_url, http),
+                               ticket, give_up_at)  # fmt: skip
+
+    async def _answers(
+        self, spec: SpaceSpec, probe_url: str | None, http: httpx.AsyncClient | None
+    ) -> bool:
+        """Whether a booting Space serves now: its app_id route, or the Hub's stage."""
+        async with self._clock.timeout(None):  # real I/O, bounded by httpx / the Hub call
+            if probe_url is not None and http is not None:
+                return await http_probe(http, probe_url)
+            return await self.stage(spec, fresh=True) == RUNNING
 
     async def _wait_awake(
         self,
@@ -200,23 +214,14 @@ class Waker:
                 ticket.update(stage="queued")
 
     # -- idle pause ---------------------------------------------------------------------------
-    async def maybe_pause(
-        self,
-        spec: SpaceSpec,
-        is_busy: Callable[[], Awaitable[bool]],
-        close_idle: Callable[[], None],
-    ) -> bool:
-        """Pause ``spec`` if it qualifies and we win the claim; True if we paused it.
-
-        ``is_busy`` (leases or waiters anywhere) is asked before the claim and again
-        after it: work admitted in between makes us take the claim back.
-        """
-        name, p = spec.name, self.policy
-        if not p.pauses(name):
-            return False
-        if not may_pause(self.board.get(name), self.board.now(), p.idle_pause_s, p.min_uptime_s):
-            return False
-        if await is_busy():
+    async def claim_pause(self, spec: SpaceSpec) -> bool:
+        r"""Claim the idle pause of ``spec`` in the shared record, if it qualifies (idle
+        long enough, not within its minimum uptime) and we win the claim: from then on
+        no process routes new work to it. True: ours; the caller, having checked that no
+        work was admitted in between, closes its idle connections and :meth:`pause`\ s
+        it, or hands the claim back (:meth:`unclaim_pause`)."""
+        p = self.policy
+        if not self.may_claim_pause(spec):
             return False
         won: list[bool] = []
 
@@ -225,13 +230,24 @@ class Waker:
             won[:] = [ok]
             return mark_paused(h) if ok else None
 
-        await self.board.update(name, claim)
-        if not (won and won[0]):
-            return False
-        if await is_busy():  # admitted while we claimed: not idle after all
-            await self.board.update(name, lambda h, _now: unmark_paused(h))
-            return False
-        close_idle()  # deregistered in the record first; now drop our connections
+        await self.board.update(spec.name, claim)
+        return bool(won and won[0])
+
+    def may_claim_pause(self, spec: SpaceSpec) -> bool:
+        """Whether ``spec`` qualifies for the idle pause now (no I/O; see
+        :meth:`claim_pause`)."""
+        p = self.policy
+        return p.pauses(spec.name) and may_pause(
+            self.board.get(spec.name), self.board.now(), p.idle_pause_s, p.min_uptime_s
+        )
+
+    async def unclaim_pause(self, spec: SpaceSpec) -> None:
+        """Hand back a claim of :meth:`claim_pause` (work was admitted meanwhile)."""
+        await self.board.update(spec.name, lambda h, _now: unmark_paused(h))
+
+    async def pause(self, spec: SpaceSpec) -> bool:
+        """Ask the Hub to pause ``spec``, whose pause we claimed; True if it did."""
+        name = spec.name
         try:
             await self.control.pause(spec)
         except Exception as exc:

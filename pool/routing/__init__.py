@@ -7,6 +7,15 @@
   the ambiguity check for a call that names no Space;
 * :mod:`._scheduling` — priority classes of requests (docs/scheduling.md).
 
-It reads the connections layer (each Space's :class:`~pool.connections._space_pool.SpacePool`
+It reads the connections layer (each Space's :class:`~pool.connections.SpacePool`
 load and API) and the shared health board; it never calls back into the pool.
 """
+
+from __future__ import annotations
+
+from ._apps import Apps
+from ._choice import Choice, Route
+from ._routing import Router, user_key
+from ._scheduling import classed_ticket, queue_timeout_for
+
+__all__ = ["Apps", "Choice", "Route", "Router", "classed_ticket", "queue_timeout_for", "user_key"]

@@ -28,21 +28,15 @@ import contextlib
 import hashlib
 import json
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING
 
 from .._exceptions import AmbiguousEndpoint, PoolClosedError, PoolError
 from .._tasks import cancel_and_wait
-from ..resilience._control import WAKING_STAGES
+from ..resilience import WAKING_STAGES
 
 if TYPE_CHECKING:
     from .._spaces import SpaceSpec
-    from ..connections._space_pool import SpacePool
-
-
-class FailedHook(Protocol):
-    """``Attempts.space_failed`` (pool/_attempt.py): the one failure path."""
-
-    def __call__(self, sp: SpacePool, error: PoolError, *, placed: bool) -> object: ...
+    from ..connections import Failover, SpacePool
 
 
 # ``Waker.stage``: the Space's stage as the Hub reports it (None: not known).
@@ -57,12 +51,12 @@ class Apps:
     """The apps of a pool's Spaces, from their explicit groups and known APIs."""
 
     def __init__(
-        self, spaces: dict[str, SpacePool], discover_s: float, on_failed: FailedHook,
+        self, spaces: dict[str, SpacePool], discover_s: float, failover: Failover,
         stage_of: StageOf,
     ) -> None:  # fmt: skip
         self._spaces = spaces
         self._discover_s = discover_s
-        self._on_failed = on_failed
+        self._failover = failover
         self._stage_of = stage_of
 
     def app_of(self, name: str) -> str | None:
@@ -165,6 +159,6 @@ class Apps:
             with contextlib.suppress(Exception):
                 stage = await self._stage_of(sp.spec)
             if stage not in WAKING_STAGES:
-                self._on_failed(sp, exc, placed=False)
+                self._failover.space_failed(sp, exc, placed=False)
             return
         sp.checkin(conn, discard=False)

@@ -20,8 +20,8 @@ from dataclasses import dataclass
 from .._clock import Clock
 from .._events import Hook, PoolEvent, emit
 from .._exceptions import NoHealthySpaceError, PoolError, UnknownEndpoint
-from ..admission._watch import Changed
-from ..connections._space_pool import SpacePool
+from ..admission import Changed
+from ..connections import SpacePool
 from ..resilience import HealthBoard
 from ._apps import Apps
 from ._routing import Router

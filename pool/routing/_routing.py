@@ -34,9 +34,8 @@ from cachetools import TTLCache
 
 from .._clock import SYSTEM_CLOCK
 from .._consumer import ANONYMOUS  # the user every caller without an email counts as
-from .._exceptions import NoHealthySpaceError
-from ..admission import SharedValues
-from ..admission._watch import Changed
+from .._exceptions import NoHealthySpaceError, PoolClosedError
+from ..admission import Changed, SharedValues
 
 __all__ = ["ANONYMOUS", "PIN_PREFIX", "Router", "user_key"]
 
@@ -60,19 +59,29 @@ class Router:
         self,
         *,
         ttl_s: float,
-        values: Callable[[], SharedValues],
+        values: SharedValues | None = None,
         max_users: int = 100_000,
         clock: Callable[[], float] = SYSTEM_CLOCK.now,
     ) -> None:
-        """``values``: the coordinator's shared values (once started)."""
+        """``values``: the coordinator's shared values, where the pins live (or given
+        by :meth:`use` once the coordinator is open)."""
         self._ttl_s = ttl_s
-        self._values = values
+        self._shared = values
         # The pins this process read or made, for pool-stats' count of pinned users
         # (the fleet's count is the sum of the processes' published counts, at most).
         self._seen: TTLCache[str, str] = TTLCache(maxsize=max_users, ttl=ttl_s, timer=clock)
         self._rr = itertools.count()
         self._reading: dict[str, asyncio.Future[str | None]] = {}  # pin reads in flight
         self._watching: dict[str, set[Changed]] = {}  # this process's pin watchers
+
+    def use(self, values: SharedValues) -> None:
+        """Keep the pins in ``values`` (the pool's coordinator, once open)."""
+        self._shared = values
+
+    def _values(self) -> SharedValues:
+        if self._shared is None:
+            raise PoolClosedError("pool not started")
+        return self._shared
 
     @property
     def assignments(self) -> int:

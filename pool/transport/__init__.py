@@ -41,6 +41,7 @@ from __future__ import annotations
 
 from ._affinity import Affinity
 from ._app import NATIVE_PROTOCOLS, AppInfo, Endpoint, ProtocolNotSupported, apply_diff
+from ._errors import Classified, classify, classify_connect
 from ._events import (
     ProgressUnit,
     UpstreamDone,
@@ -77,6 +78,7 @@ __all__ = [
     "AppInfo",
     "Call",
     "CallCancelled",
+    "Classified",
     "Downloaded",
     "Endpoint",
     "FallbackClient",
@@ -108,6 +110,8 @@ __all__ = [
     "UpstreamQueued",
     "UpstreamStarted",
     "apply_diff",
+    "classify",
+    "classify_connect",
     "download_to",
     "file_arg",
     "file_url",

@@ -22,7 +22,7 @@ class SpaceFile(dict[str, Any]):
     """A FileData that names a file already on the Space (an earlier output): sent to
     it exactly as it is, never uploaded from this host.
 
-    The service wraps every FileData an HTTP caller sends in one (``app/_boundary.py``):
+    The service wraps every FileData an HTTP caller sends in one (``app/edge/_boundary.py``):
     a plain FileData dict is what ``handle_file`` makes for a *local* file, which the
     transport uploads, so a caller's ``{"path": "/etc/hostname", ...}`` would otherwise
     be read from this host's disk. A JSON body can only make plain dicts, so no caller

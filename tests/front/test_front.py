@@ -203,7 +203,9 @@ def test_killed_space_fails_over(pool_service: ServiceProcess, front_fleet: Spac
         pytest.skip("no session landed on the victim")
     try:
         job = client.submit("slow", 30, api_name="/echo")
-        time.sleep(1.0)
+        # Killed once the call runs there: before, its join would be refused, and a
+        # refused join is repeated elsewhere by the pool's retry policy (never accepted).
+        _wait_in_flight([victim], True, "the call never started on the victim")
         victim.kill()
         started = time.monotonic()
         with pytest.raises(Exception):  # noqa: B017 (an error, whichever the client raises)

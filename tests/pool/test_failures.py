@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import random
 import signal
 from collections import Counter
 
@@ -12,7 +13,16 @@ import pytest
 from gradio_client.utils import QueueError, TooManyRequestsError
 
 from devspaces import SpaceFleet, SpaceProcess, free_port
-from pool import Pool, PoolEvent, PoolSettings, UpstreamTransportError
+from pool import (
+    NO_ROOM,
+    BusyError,
+    LeaseLost,
+    Pool,
+    PoolEvent,
+    PoolSettings,
+    QuotaExceeded,
+    UpstreamTransportError,
+)
 from pool._failures import FAILURES, failure
 from pool.admission import Lease, MemoryCoordinator
 from pool.resilience import RetryPolicy
@@ -66,6 +76,23 @@ def test_the_retry_policy_reads_the_table() -> None:
     assert policy.should_reopen(refused, 1) and policy.should_reopen(refused, 2)
     assert not policy.should_reopen(refused, 3)
     assert not policy.should_reopen(classify(QueueError("full")).error, 1)
+
+
+def test_only_a_refusal_for_want_of_room_waits_again() -> None:
+    """The Space's full queue and a caller's own share taken (BusyError no_room) put a
+    call back in the pool's queue; a queue timeout, a lost lease, a quota or a refused
+    connection do not; the wait before is jittered within requeue_max_s."""
+    policy = RetryPolicy(attempts=3, base_s=0.25, max_s=5.0)
+    full = classify(QueueError("full")).error
+    assert policy.should_requeue(full)
+    assert policy.should_requeue(BusyError("share", queue_position=0, retry_after_s=1.0,
+                                           reason=NO_ROOM))  # fmt: skip
+    assert not policy.should_requeue(BusyError("timeout", queue_position=3, retry_after_s=1.0))
+    assert not policy.should_requeue(LeaseLost("lost", why="expired", retry_after_s=1.0))
+    assert not policy.should_requeue(QuotaExceeded("gpu", retry_after_s=60.0))
+    assert not policy.should_requeue(classify(httpx.ConnectError("refused")).error)
+    delays = [policy.requeue_delay(n, random.Random(n)) for n in range(1, 12)]
+    assert all(0.0 <= d <= 2.0 for d in delays) and max(delays) > 0.25
 
 
 async def test_connection_opens_are_retried_by_the_policy_then_fail_over(

@@ -90,23 +90,26 @@ async def test_queue_full_space_is_backed_off_broken_and_recovers(
     assert pool.board.get("alpha").peak == 4
 
 
-async def test_retries_are_bounded_per_request(
+async def test_a_full_space_queue_is_waited_out_until_the_queue_timeout(
     clean_fleet: SpaceFleet, make_pool: PoolMaker
 ) -> None:
-    """A request pinned to a queue-full Space calls it exactly ``retry_attempts`` times."""
-    pool = make_pool(clean_fleet, retry_attempts=3, retry_backoff_s=0.01, breaker_failures=50)
+    """A request pinned to a queue-full Space is not failed at ``retry_attempts``: each
+    refusal puts it back in the pool's queue, until its queue timeout; then the refusal."""
+    pool = make_pool(clean_fleet, retry_attempts=2, retry_backoff_s=0.01, breaker_failures=50)
     events: list[PoolEvent] = []
     pool.hooks.append(events.append)
+    await pool.start()
     clean_fleet["alpha"].control(mode="queue_full")
+    started = time.monotonic()
     with pytest.raises(UpstreamTransportError) as info:
-        await pool.predict("/echo", "x", 0, space="alpha")
+        await pool.predict("/echo", "x", 0, space="alpha", queue_timeout_s=1.0)
+    took = time.monotonic() - started
     assert info.value.kind == "queue_full" and info.value.before_accept
-    assert clean_fleet["alpha"].stats().refused == 3
-    assert [e.outcome for e in events if e.kind == "retry"] == ["queue_full", "queue_full"]
-    clean_fleet["alpha"].reset()
-    with pytest.raises(UpstreamTransportError):
-        await pool.predict("/echo", "y", 0, space="alpha")
-    assert clean_fleet["alpha"].stats().refused == 3, "the bound holds for every request"
+    refused = clean_fleet["alpha"].stats().refused
+    assert refused > 2, "waited again past retry_attempts"
+    assert 0.5 <= took < 4.0, f"ended by the queue timeout (1 s), took {took:.2f} s"
+    assert {e.outcome for e in events if e.kind == "retry"} == {"queue_full"}
+    assert (await pool.stats())["admission"]["globalInUse"] == 0
 
 
 async def test_caller_errors_do_not_move_the_window(
@@ -130,9 +133,8 @@ async def test_open_breaker_on_a_pinned_space_is_a_busy_answer(
     retry-after of the remaining cool-down; nothing is sent."""
     pool = make_pool(clean_fleet, **{**FAST_FAIL, "breaker_cooldown_s": 20.0, "retry_attempts": 1})
     clean_fleet["alpha"].control(mode="queue_full")
-    for _ in range(3):
-        with pytest.raises(UpstreamTransportError):
-            await pool.predict("/echo", "x", 0, space="alpha")
+    with pytest.raises(NoHealthySpaceError):  # refused until the breaker opened
+        await pool.predict("/echo", "x", 0, space="alpha")
     assert pool.board.get("alpha").breaker == "open"
     refused = clean_fleet["alpha"].stats().refused
     with pytest.raises(NoHealthySpaceError) as info:

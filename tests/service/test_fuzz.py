@@ -30,8 +30,8 @@ from schemathesis.checks import not_a_server_error
 from schemathesis.generation.meta import FuzzingPhaseData
 from schemathesis.specs.openapi.checks import negative_data_rejection, positive_data_acceptance
 
-from app.core._settings import ServiceSettings
-from app.jobs._runner import JobRunner
+from app.core import ServiceSettings, services_of
+from app.jobs import JobRunner
 from app.main import create_app
 from devspaces import SpaceFleet
 from pool import Pool, PoolSettings, set_pool
@@ -158,7 +158,7 @@ def settle(target: Target) -> None:
     """Wait (bounded) until every job ended and no slot or connection is held."""
 
     async def idle() -> bool:
-        runner: JobRunner = target.app.state.jobs
+        runner = services_of(target.app).get(JobRunner)
         counts = await runner.store.counts()
         stats = await target.pool.stats()
         return (

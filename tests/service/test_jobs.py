@@ -14,7 +14,7 @@ import httpx
 import pytest
 
 from app.core._errors import JobsFull
-from app.jobs._runner import JobRecord, MemoryJobStore
+from app.jobs import JobRecord, MemoryJobStore
 from devspaces import SpaceFleet
 
 from .conftest import ServiceFactory, ServiceProcess, admin_headers, eventually

@@ -131,3 +131,34 @@ async def test_job_on_a_sleeping_space_shows_waking_then_runs(spaces: SpaceFleet
     waking = next(view for view in stages if view["stage"] == "waking")
     assert waking["space"] == "sleepy"
     assert stages[-1]["result"] == "sleepy:hi" and stages[-1]["space"] == "sleepy"
+
+
+async def test_a_full_space_queue_waits_again_instead_of_failing_at_retry_attempts(
+    spaces: SpaceFleet, start_service: ServiceFactory
+) -> None:
+    """A predict pinned to a Space whose own queue is full is not failed at
+    ``POOL_RETRY_ATTEMPTS`` (1 here): it waits in the pool's queue again, and is served
+    once the Space has room, within its queue timeout (one rule for both faces)."""
+    service = start_service(POOL_RETRY_ATTEMPTS="1", POOL_QUEUE_TIMEOUT_S="20",
+                            POOL_BREAKER_FAILURES="50")  # fmt: skip
+    alpha = spaces["alpha"]
+    alpha.control(mode="queue_full")
+
+    async def room_after_two_refusals() -> None:
+        while alpha.stats().refused < 2:
+            await asyncio.sleep(0.05)
+        alpha.control(mode="ok")
+
+    room = asyncio.create_task(room_after_two_refusals())
+    try:
+        async with service.client() as http:
+            response = await http.post(
+                "/api/predict", json={"api_name": "/echo", "args": ["full", 0], "space": "alpha"}
+            )
+    finally:
+        room.cancel()
+        alpha.control(mode="ok")
+    assert response.status_code == 200, response.text
+    body: dict[str, Any] = response.json()
+    assert body["result"] == "alpha:full" and body["attempts"] >= 3, body
+    assert alpha.stats().refused >= 2

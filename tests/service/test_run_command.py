@@ -161,6 +161,11 @@ def test_python_m_app_starts_demo_spaces_serves_and_stops_cleanly(tmp_path: Path
             timeout=10,
         )
         assert stats.status_code == 200 and set(stats.json()["pools"]) == set(DEMO_SPACES)
+        # The demo serves its Spaces' own pages, and says where (issue 42).
+        for name in DEMO_SPACES:
+            assert f"{url}/gradio/{name}/" in text, text
+            page = httpx.get(f"{url}/gradio/{name}/", timeout=30)
+            assert page.status_code == 200 and "window.gradio_config" in page.text
 
         run_readme_and_banner_commands(url, token.group(1), tmp_path)
         run_readme_code_blocks(url, spaces.group(1), tmp_path)

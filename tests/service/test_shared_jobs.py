@@ -16,7 +16,7 @@ import pytest
 from fastapi import FastAPI
 
 from app.core._settings import ServiceSettings
-from app.jobs._runner import JobRecord, MemoryJobStore
+from app.jobs import JobRecord, MemoryJobStore
 from app.jobs._shared import SharedJobStore
 from app.main import create_app
 from devspaces import SpaceFleet

@@ -18,7 +18,7 @@ from fastapi import FastAPI
 
 from app.api._streaming import LatestEvents
 from app.core._settings import ServiceSettings
-from app.jobs._runner import JobRecord, MemoryJobStore
+from app.jobs import JobRecord, MemoryJobStore
 from app.main import create_app
 from devspaces import SpaceProcess
 from pool import Partial, Pool, PoolSettings, set_pool
