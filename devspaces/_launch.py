@@ -27,9 +27,11 @@ import atexit
 import contextlib
 import ctypes
 import ctypes.util
+import functools
 import os
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import tempfile
@@ -155,8 +157,11 @@ def _spawner_thread() -> ThreadPoolExecutor:
         return _spawner
 
 
-def _popen(command: list[str], stdin: Any, log: IO[bytes]) -> subprocess.Popen[bytes]:
-    """Fork ``command`` from the long-lived spawner thread (see module docstring)."""
+def _popen(
+    command: list[str], stdin: Any, log: IO[bytes], env: dict[str, str] | None = None
+) -> subprocess.Popen[bytes]:
+    """Fork ``command`` from the long-lived spawner thread (see module docstring), in
+    ``env`` (default :func:`child_env`)."""
     return (
         _spawner_thread()
         .submit(
@@ -165,7 +170,7 @@ def _popen(command: list[str], stdin: Any, log: IO[bytes]) -> subprocess.Popen[b
             stdin=stdin,
             stdout=log,
             stderr=subprocess.STDOUT,
-            env=child_env(),
+            env=child_env() if env is None else env,
             cwd=_REPO_ROOT,
             start_new_session=False,
             preexec_fn=_die_with_parent(),  # safe here: see module docstring
@@ -209,8 +214,18 @@ def _spawn(command: list[str], log: IO[bytes]) -> subprocess.Popen[bytes] | Fork
 _ZYGOTE_ON = os.environ.get("DEVSPACES_ZYGOTE", "1") != "0"
 
 
+@functools.cache
+def _tls() -> ssl.SSLContext:
+    """One TLS context per process (httpx's default: certifi's bundle). A client made
+    without one loads the CA bundle again, ~25 ms of CPU, and a test polls stats() and
+    control() hundreds of times; the Spaces are plain HTTP, the context is never used."""
+    import certifi
+
+    return ssl.create_default_context(cafile=certifi.where())
+
+
 def _http() -> httpx.Client:
-    return httpx.Client(trust_env=False, timeout=httpx.Timeout(5.0))
+    return httpx.Client(trust_env=False, timeout=httpx.Timeout(5.0), verify=_tls())
 
 
 class SpaceProcess:

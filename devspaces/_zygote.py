@@ -31,6 +31,7 @@ import signal
 import socket
 import sys
 import threading
+from collections.abc import Callable
 from typing import IO, Any
 
 _MAX_MESSAGE = 1 << 20
@@ -48,13 +49,17 @@ def _send(sock: socket.socket, message: dict[str, Any], fds: list[int] | None = 
 # The zygote ---------------------------------------------------------------------------
 
 
-def serve_forever(control: socket.socket) -> int:
-    """The zygote's loop: fork a Space per request, report each child's exit."""
-    import uvicorn  # noqa: F401 - imported once here, used by every child
+def serve_forever(control: socket.socket, run: Callable[[list[str]], int] | None = None) -> int:
+    """The zygote's loop: fork a child per request, report each child's exit. A child
+    runs ``run(argv)`` (by default ``devspaces``' command line: a Space); the caller
+    has imported what its children share (the tests' service zygote, ``tests/_prefork.py``)."""
+    if run is None:
+        import uvicorn  # noqa: F401 - imported once here, used by every child
 
-    import devspaces._app  # noqa: F401 - gradio and the stand-in kinds
-    from devspaces import __main__ as cli
+        import devspaces._app  # noqa: F401 - gradio and the stand-in kinds
+        from devspaces import __main__ as cli
 
+        run = cli.main
     die_with_parent = _pdeathsig()
     wake_r, wake_w = os.pipe()
     os.set_blocking(wake_w, False)
@@ -109,7 +114,7 @@ def serve_forever(control: socket.socket) -> int:
                     os.environ.clear()
                     os.environ.update(request["env"])
                     sys.argv = ["devspaces", *request["argv"]]
-                    code = cli.main(request["argv"])
+                    code = run(request["argv"])
                     atexit._run_exitfuncs()  # what a plain `devspaces serve` runs at exit
                 except SystemExit as stop:
                     code = stop.code if isinstance(stop.code, int) else 1

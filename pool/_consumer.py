@@ -61,13 +61,24 @@ def current() -> Consumer | None:
     return CURRENT.get()
 
 
+PSEUDONYMOUS: ContextVar[bool] = ContextVar("spacepool_pseudonymous", default=False)
+"""Set for calls whose user is a pseudonym anyone can mint (the Gradio front's page
+visitors, app/gradio/_visitors.py): such a call takes its consumer's anonymous slot as
+well as its user's, so ``POOL_ANONYMOUS_MAX_CONCURRENT`` bounds all of them together while
+each keeps its own user slot, pins and sessions."""
+
+
 def admission_consumers(user: str | None) -> list[str]:
     """The private resources a call of ``user`` (a keyed hash, None if anonymous) needs,
     besides its Space's and the global one (see the module docstring)."""
     consumer = CURRENT.get()
     if consumer is None:
-        return [CONSUMER_PREFIX + (user or ANONYMOUS)]
-    return [consumer.resource, CONSUMER_PREFIX + (user or anonymous())]
+        needed = [CONSUMER_PREFIX + (user or ANONYMOUS)]
+    else:
+        needed = [consumer.resource, CONSUMER_PREFIX + (user or anonymous())]
+    if user is not None and PSEUDONYMOUS.get():
+        needed.append(CONSUMER_PREFIX + anonymous())
+    return needed
 
 
 def scope() -> str:

@@ -60,11 +60,27 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
     return LongestFirst(config, log)
 
 
+# The second stage of scripts/test (``-m stage2``; the first runs ``-m "not stage2"``):
+# the benchmark smoke and every test that drives Chromium (the ``browser`` fixture), so
+# that the first stage holds its wall-time budget (scripts/test says what it is).
+STAGE2_FIXTURES = {"browser"}
+
+
 def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers", "stage2: runs in scripts/test's second stage (benchmark smoke, browser)"
+    )
     if not hasattr(config, "workerinput"):  # the controlling process (or the only one)
         from tests._schedule import Recorder
 
         config.pluginmanager.register(Recorder(config), "spacepool-test-seconds")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """A test that uses a ``STAGE2_FIXTURES`` fixture is marked ``stage2``."""
+    for item in items:
+        if STAGE2_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.stage2)
 
 
 @pytest.fixture(scope="session")

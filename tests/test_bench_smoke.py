@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
+pytestmark = pytest.mark.stage2  # scripts/test runs it in its second stage
 QUICK_LIMIT_S = 240.0  # BENCHMARKS.md: "scripts/bench --quick ... < 4 min"
 GROUPS = (
     "cycle", "fairness", "queue", "stores", "fresh", "raw", "saturation", "rss", "transport",

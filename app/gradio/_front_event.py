@@ -42,6 +42,7 @@ from ._front_errors import failure, refused
 from ._messages import completed_cancelled, completed_error
 from ._rewrite import rewriter
 from ._space_view import app_of
+from ._visitors import as_visitor
 
 if TYPE_CHECKING:
     from ._front_session import FrontSession
@@ -69,19 +70,20 @@ class FrontEvent:
         starting.callback(session.admitted, event_id)
         ticket = WaitTicket()
         try:
-            async for attempt in session.front.pool.call(
-                event.api_name, email=event.email, space=session.scope, session=session.core,
-                queue_timeout_s=event.queue_timeout_s, ticket=ticket,
-            ):  # fmt: skip
-                with attempt:
-                    if attempt.number > 1 and event_id in session.cancelled:
-                        # cancelled as a refused join was being made: it never runs
-                        session.outbox.publish(completed_cancelled(event_id))
+            with as_visitor(event.email):  # a page's visitor: also an anonymous caller
+                async for attempt in session.front.pool.call(
+                    event.api_name, email=event.email, space=session.scope,
+                    session=session.core, queue_timeout_s=event.queue_timeout_s, ticket=ticket,
+                ):  # fmt: skip
+                    with attempt:
+                        if attempt.number > 1 and event_id in session.cancelled:
+                            # cancelled as a refused join was being made: it never runs
+                            session.outbox.publish(completed_cancelled(event_id))
+                            break
+                        if attempt.number > 1:
+                            session.queue_again(event_id)
+                        await self._attempt(attempt, ticket, starting)
                         break
-                    if attempt.number > 1:
-                        session.queue_again(event_id)
-                    await self._attempt(attempt, ticket, starting)
-                    break
         except asyncio.CancelledError:
             raise
         except Exception as exc:

@@ -36,6 +36,7 @@ from ._front_session import FrontSession
 from ._rewrite import rewriter
 from ._routes import _body, _event, _scope, sessions
 from ._space_view import app_of, served
+from ._visitors import as_visitor
 
 _COMPLETION_WAIT_S = 5.0  # after the job's end, for its completion message
 
@@ -61,13 +62,14 @@ async def run(request: Request) -> Response:
     try:
         # One request path: the pool's attempts (its queue, refusals, retries, queue
         # timeout), each leased under the session as a queued event is (_front_event.py).
-        async for attempt in pool.call(
-            event.api_name, email=event.email, space=session.scope, session=session.core,
-            queue_timeout_s=event.queue_timeout_s,
-        ):  # fmt: skip
-            with attempt:
-                msg, app = await _attempt(attempt, session, event, request)
-                break
+        with as_visitor(event.email):  # a page's visitor: also an anonymous caller
+            async for attempt in pool.call(
+                event.api_name, email=event.email, space=session.scope, session=session.core,
+                queue_timeout_s=event.queue_timeout_s,
+            ):  # fmt: skip
+                with attempt:
+                    msg, app = await _attempt(attempt, session, event, request)
+                    break
     finally:
         session.touch()
     raw = msg.get("output") or {}

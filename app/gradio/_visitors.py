@@ -11,18 +11,26 @@ cookie is that visitor's: the user ``visitor-<id>@visitors.invalid`` of the requ
 consumer (its API key's, or the open front's anonymous consumer), hashed as every
 user. A proxy that names its users (``X-Spacepool-User``) wins over the cookie. Nothing
 is stored: the cookie is the whole record.
+
+A visitor id is a pseudonym anyone can mint (load the page again without the cookie), so
+a visitor's calls are made :func:`as_visitor`: each also takes the consumer's anonymous
+slot (``POOL_ANONYMOUS_MAX_CONCURRENT`` bounds every visitor together, as it bounds the
+anonymous callers), while its pins, sessions and per-user bounds stay its own.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hmac
 import secrets
 import urllib.parse
+from collections.abc import Iterator
 
 from fastapi import Request
 from fastapi.responses import Response
 
 from pool import get_pool
+from pool.admission import PSEUDONYMOUS
 
 from ..core import settings_of
 
@@ -53,6 +61,22 @@ def visitor_email(request: Request) -> str | None:
         return None
     visitor = visitor_of(request)
     return None if visitor is None else f"visitor-{visitor}@{_DOMAIN}"
+
+
+def is_visitor(email: str | None) -> bool:
+    """Whether ``email`` is a page visitor's (:func:`visitor_email`)."""
+    return email is not None and email.endswith("@" + _DOMAIN)
+
+
+@contextlib.contextmanager
+def as_visitor(email: str | None) -> Iterator[None]:
+    """The pool calls made inside count ``email``'s user as a visitor when it is one
+    (pool/_consumer.py ``PSEUDONYMOUS``)."""
+    token = PSEUDONYMOUS.set(is_visitor(email))
+    try:
+        yield
+    finally:
+        PSEUDONYMOUS.reset(token)
 
 
 def welcome(request: Request, response: Response, front_path: str) -> None:

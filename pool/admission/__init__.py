@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from .._consumer import CURRENT, Consumer, anonymous_of, current, identity
+from .._consumer import CURRENT, PSEUDONYMOUS, Consumer, anonymous_of, current, identity
 from ._live_waits import LiveWaits, WaitingCoordinator, summary
 from ._memory import MemoryCoordinator
 from ._ownership import Heartbeat, Holder, Owners, reclaimable, taken_over, write_fenced
@@ -72,6 +72,7 @@ __all__ = [
     "GLOBAL_RESOURCE",
     "INTERACTIVE",
     "PRIORITIES",
+    "PSEUDONYMOUS",
     "SPACE_PREFIX",
     "AdmissionSnapshot",
     "Changed",

@@ -17,6 +17,7 @@ import pytest
 from devspaces import SpaceFleet, free_port
 from pool import Pool, PoolSettings
 from tests.admission.conftest import make_url
+from tests.service.conftest import tls
 
 
 @pytest.fixture(scope="module")
@@ -134,7 +135,7 @@ def test_uvicorn_workers_share_the_default_coordinator(
         deadline = time.monotonic() + 60
         while True:
             try:
-                if httpx.get(f"{base}/healthz", timeout=1).status_code == 200:
+                if httpx.get(f"{base}/healthz", timeout=1, verify=tls()).status_code == 200:
                     break
             except httpx.TransportError:
                 pass

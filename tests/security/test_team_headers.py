@@ -20,7 +20,7 @@ import pytest
 
 from app._http import HEAD_MAX_BYTES, LINE_MAX_BYTES, PROTOCOL
 from devspaces import SpaceFleet, free_port
-from tests.service.conftest import ROOT, ServiceFactory, service_env
+from tests.service.conftest import ROOT, ServiceFactory, service_env, tls
 
 MiB = 1024 * 1024
 
@@ -91,7 +91,8 @@ def python_m_app(fleet: SpaceFleet, tmp_path: Path) -> Iterator[tuple[int, int]]
         while True:
             assert proc.poll() is None, (tmp_path / "app.log").read_text()[-2000:]
             with contextlib.suppress(httpx.TransportError):
-                if httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1).status_code == 200:
+                healthz = f"http://127.0.0.1:{port}/healthz"
+                if httpx.get(healthz, timeout=1, verify=tls()).status_code == 200:
                     break
             assert time.monotonic() < deadline, "python -m app did not answer"
             time.sleep(0.1)

@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import importlib.util
 import json
 import os
 import signal
+import ssl
 import subprocess
 import sys
 import time
@@ -27,6 +29,8 @@ import pytest
 
 from app._http import PROTOCOL as HTTP_PROTOCOL
 from devspaces import SpaceFleet, free_port
+from devspaces._zygote import ForkedSpace
+from tests._prefork import spawn_uvicorn
 
 ROOT = Path(__file__).resolve().parents[2]
 ADMIN_TOKEN = "admin-token-for-tests-5b1e"
@@ -65,6 +69,20 @@ async def eventually(
     return time.monotonic() - started
 
 
+@functools.cache
+def tls() -> ssl.SSLContext:
+    """One TLS context per test process, as httpx would make it (SSL_CERT_FILE /
+    SSL_CERT_DIR, else certifi), for the tests' httpx clients: a client made without
+    one loads the CA bundle again, ~25-30 ms of CPU each (a service start polled
+    /healthz every 50 ms with a new client: most of a core while it waited)."""
+    cafile, capath = os.environ.get("SSL_CERT_FILE"), os.environ.get("SSL_CERT_DIR")
+    if cafile or capath:
+        return ssl.create_default_context(cafile=cafile, capath=capath)
+    import certifi
+
+    return ssl.create_default_context(cafile=certifi.where())
+
+
 class ServiceProcess:
     """``uvicorn app.main:app`` in a child process on a free loopback port."""
 
@@ -73,11 +91,13 @@ class ServiceProcess:
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = log_path
         self._log = log_path.open("wb")
-        command = [sys.executable, "-m", "uvicorn", "app.main:app", "--host", "127.0.0.1"]
-        command += ["--http", HTTP_PROTOCOL]  # as every way the project starts it
-        command += ["--port", str(self.port), "--log-level", "warning", "--workers", str(workers)]
-        self.proc = subprocess.Popen(
-            command,
+        argv = ["app.main:app", "--host", "127.0.0.1"]
+        argv += ["--http", HTTP_PROTOCOL]  # as every way the project starts it
+        argv += ["--port", str(self.port), "--log-level", "warning", "--workers", str(workers)]
+        # One worker: forked by a zygote that imported the libraries (tests/_prefork.py).
+        forked = spawn_uvicorn(argv, env, self._log) if workers == 1 else None
+        self.proc: subprocess.Popen[bytes] | ForkedSpace = forked or subprocess.Popen(
+            [sys.executable, "-m", "uvicorn", *argv],
             cwd=ROOT,
             env=env,
             stdin=subprocess.DEVNULL,
@@ -85,19 +105,20 @@ class ServiceProcess:
             stderr=subprocess.STDOUT,
         )
         deadline = time.monotonic() + 90  # imports are slow on a busy 2-core machine
-        while True:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"service exited at start:\n{self.log_text()[-3000:]}")
-            with contextlib.suppress(httpx.TransportError):
-                if (
-                    httpx.get(f"{self.url}/healthz", timeout=1).status_code == 200
-                    and len(self.ready_pids()) >= workers
-                ):
-                    break
-            if time.monotonic() > deadline:
-                self.stop()
-                raise RuntimeError(f"service did not answer:\n{self.log_text()[-3000:]}")
-            time.sleep(0.05)
+        with httpx.Client(timeout=1, verify=tls()) as http:
+            while True:
+                if self.proc.poll() is not None:
+                    raise RuntimeError(f"service exited at start:\n{self.log_text()[-3000:]}")
+                with contextlib.suppress(httpx.TransportError):
+                    if (
+                        http.get(f"{self.url}/healthz").status_code == 200
+                        and len(self.ready_pids()) >= workers
+                    ):
+                        break
+                if time.monotonic() > deadline:
+                    self.stop()
+                    raise RuntimeError(f"service did not answer:\n{self.log_text()[-3000:]}")
+                time.sleep(0.05)
 
     def ready_pids(self) -> set[int]:
         """Workers that finished start-up (their lifespan logged "serving ...")."""
@@ -119,7 +140,7 @@ class ServiceProcess:
         return lines
 
     def client(self, **headers: str) -> httpx.AsyncClient:
-        return httpx.AsyncClient(base_url=self.url, timeout=60, headers=headers)
+        return httpx.AsyncClient(base_url=self.url, timeout=60, headers=headers, verify=tls())
 
     def stop(self) -> int | None:
         if self.proc.poll() is None:

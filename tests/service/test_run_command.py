@@ -31,7 +31,7 @@ from tests.test_readme import (
     run_python_block,
 )
 
-from .conftest import wait_for
+from .conftest import tls, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -117,7 +117,7 @@ def test_python_m_app_starts_demo_spaces_serves_and_stops_cleanly(tmp_path: Path
         def healthy() -> bool:
             assert proc.poll() is None, "".join(output)
             try:
-                return httpx.get(f"{url}/healthz", timeout=1).status_code == 200
+                return httpx.get(f"{url}/healthz", timeout=1, verify=tls()).status_code == 200
             except httpx.TransportError:
                 return False
 
