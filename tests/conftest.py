@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import ast
 import asyncio
+import contextlib
 import functools
+import gc
 import os
 import sys
 import threading
@@ -40,13 +42,30 @@ def _serialize_ast_parse() -> None:
     ``compile`` converts too, both ways: an AST object in (pytest's assertion rewriting
     compiles the tree it rewrote, on an import in any thread) or ``PyCF_ONLY_AST`` out;
     those calls take the same lock. Seen: an xdist worker died of the mismatch while
-    pytest parsed a failure's source to show it, and the whole run stopped with it."""
+    pytest parsed a failure's source to show it, and the whole run stopped with it.
+
+    And no garbage collection while the lock is held: a collection inside the parse runs
+    finalizers in the same thread — an asyncio task's "exception was never retrieved"
+    is logged from its finalizer, and the log's traceback parses its lines — so the
+    same thread parsed inside its own parse (the RLock lets it in) and the outer one
+    failed (seen twice on 2026-12-06, each time stopping the run)."""
     parse = ast.parse
     lock = threading.RLock()
 
+    @contextlib.contextmanager
+    def alone() -> Iterator[None]:
+        with lock:
+            collecting = gc.isenabled()
+            gc.disable()
+            try:
+                yield
+            finally:
+                if collecting:
+                    gc.enable()
+
     @functools.wraps(parse)
     def serialized(*args: object, **kwargs: object) -> ast.AST:
-        with lock:
+        with alone():
             return parse(*args, **kwargs)  # type: ignore[arg-type]
 
     ast.parse = serialized  # type: ignore[assignment]
@@ -59,7 +78,7 @@ def _serialize_ast_parse() -> None:
     def compile_serialized(source: object, *args: object, **kwargs: object) -> object:
         flags = args[2] if len(args) > 2 else kwargs.get("flags", 0)
         if isinstance(source, ast.AST) or int(flags) & ast.PyCF_ONLY_AST:  # type: ignore[call-overload]
-            with lock:
+            with alone():
                 return plain_compile(source, *args, **kwargs)  # type: ignore[call-overload]
         return plain_compile(source, *args, **kwargs)  # type: ignore[call-overload]
 

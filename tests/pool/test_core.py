@@ -11,6 +11,7 @@ from devspaces import SpaceFleet
 from pool import (
     BusyError,
     MisuseError,
+    Pool,
     PoolError,
     UnknownEndpoint,
     UpstreamAppError,
@@ -126,15 +127,19 @@ async def test_waiters_are_served_in_arrival_order(
     tasks = []
     for i in range(10):
         tasks.append(asyncio.create_task(waiter(i)))
-        await wait_until(lambda n=i + 1: _queued(pool) == n)
+        await wait_until(lambda n=i + 1: _waiting(pool, n))
     gate.set()
     await asyncio.gather(hold, *tasks)
     assert order == list(range(10))
 
 
-def _queued(pool: object) -> int:
-    coordinator = pool.coordinator  # type: ignore[attr-defined]
-    return len(coordinator._waiters)
+async def _queued(pool: Pool) -> int:
+    """Waiters in the coordinator, by its public snapshot."""
+    return (await pool.coordinator.snapshot()).waiting
+
+
+async def _waiting(pool: Pool, n: int) -> bool:
+    return await _queued(pool) == n
 
 
 async def test_queue_timeout_is_a_typed_busy_error_with_position(
@@ -151,7 +156,7 @@ async def test_queue_timeout_is_a_typed_busy_error_with_position(
     hold = asyncio.create_task(holder())
     await wait_until(lambda: pool.spaces["alpha"].snapshot(3)["inUseConnections"] == 1)
     first = asyncio.create_task(_try(pool, "a@example.com", 2.0))
-    await wait_until(lambda: _queued(pool) == 1)
+    await wait_until(lambda: _waiting(pool, 1))
     second = asyncio.create_task(_try(pool, "b@example.com", 0.3))
     busy_second = await second
     busy_first = await first
@@ -196,7 +201,7 @@ async def test_timeouts_and_cancellations_leak_nothing(
     assert all(isinstance(r, BusyError) for r in timed_out)
     pool.settings.queue_timeout_s = 30.0
     cancelled = [asyncio.create_task(waiter(i)) for i in range(100)]
-    await wait_until(lambda: _queued(pool) == 100)
+    await wait_until(lambda: _waiting(pool, 100))
     for task in cancelled:
         task.cancel()
     await asyncio.gather(*cancelled, return_exceptions=True)
