@@ -44,6 +44,7 @@ from .routing import classed_ticket, queue_timeout_for
 from .transport import UpstreamEvent
 
 _log = logging.getLogger("spacepool")
+_REQUEUE_LAST_S = 0.05  # less left than this before the queue timeout: the refusal stands
 LeaseOpener = Callable[..., AbstractAsyncContextManager[PooledClient]]
 """``Attempts.lease``: one attempt's admission and connection."""
 
@@ -275,10 +276,14 @@ class RequestPath:
             call.refusals += 1
             if call.queue_by is None:
                 call.queue_by = call.started + call.queue_timeout
-            delay = policy.requeue_delay(call.refusals)
             by = call.queue_by if call.deadline is None else min(call.queue_by, call.deadline)
-            if self.clock.now() + delay >= by:
+            left = by - self.clock.now()
+            if left <= _REQUEUE_LAST_S:
                 raise exc
+            # The backoff is cut to what is left, never a reason to stop early: a call
+            # refused for want of room waits until its queue timeout (a 2 s jitter drawn
+            # with 0.6 s left used to end it there).
+            delay = min(policy.requeue_delay(call.refusals), left / 2)
         else:
             safe = call.options.safe_to_retry
             if not isinstance(exc, UpstreamTransportError) or not policy.should_retry(
