@@ -99,4 +99,8 @@ def file_headers(response: httpx.Response, path: str) -> dict[str, str]:
     inert on this origin (:func:`app.edge._files.inert_headers`)."""
     mime = response.headers.get("content-type", "application/octet-stream")
     passed = {k: v for k in _PASSED_HEADERS if (v := response.headers.get(k)) is not None}
+    if response.headers.get("content-encoding", "identity").lower() != "identity":
+        # The body is relayed decoded (httpx's aiter_bytes): the Space's length is the
+        # encoded one, and a longer body than the length said is cut by the server.
+        passed.pop("content-length", None)
     return {**passed, **inert_headers(mime, safe_name(path.rsplit("/", 1)[-1]))}
