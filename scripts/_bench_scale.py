@@ -41,9 +41,10 @@ import tempfile
 import time
 import tracemalloc
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 
+from _bench_queue import _until
 from _bench_stats import Result, Summary, not_measured, ratios
 from _bench_stores import _drop_prefixes, redis_url
 
@@ -92,14 +93,6 @@ class _Stores:
         # 10 s, not the store's 1 s socket timeout: a loaded 2-core box stalls replies
         return f"{redis_url()}?prefix={self.prefixes[-1]}&timeout_ms=10000"
 
-
-async def _until(check: Callable[[], bool]) -> None:
-    for _ in range(2000):
-        if check():
-            return
-        await asyncio.sleep(0)
-    while not check():
-        await asyncio.sleep(0.0002)
 
 
 def _median(values: list[float]) -> float:
