@@ -199,7 +199,7 @@ _Entry = tuple[bool, tuple[str, tuple[str, ...]]]  # (queued, (id, resources)) t
 class SQLiteCoordinator(SharedCoordinator):
     """Admission shared by the processes of one host through one SQLite file."""
 
-    def __init__(self, url: str, *, lease_ttl_s: float = 15.0, count_work: bool = False) -> None:
+    def __init__(self, url: str, *, lease_ttl_s: float = 15.0, count_work: int = 0) -> None:
         path, busy_timeout_s, poll_s = _parse_url(url)
         self.path = path
         self._store = _SQLiteStore(
@@ -214,8 +214,8 @@ class SQLiteCoordinator(SharedCoordinator):
 
     @property
     def work(self) -> int:
-        """SQLite virtual-machine steps run so far, in hundreds (``count_work=True``
-        only: tests/admission/test_work.py)."""
+        """SQLite virtual-machine steps run so far, in units of ``count_work`` steps
+        (0, the default: not counted; tests/admission/test_work.py)."""
         return self._store.work
 
 
@@ -270,7 +270,7 @@ class _SQLiteStore:
         lease_ttl_s: float,
         busy_timeout_s: float,
         poll_interval_s: float,
-        count_work: bool = False,
+        count_work: int = 0,
     ) -> None:
         self.path = path
         self.work = 0
@@ -544,7 +544,7 @@ class _SQLiteStore:
             os.makedirs(os.path.dirname(self.path) or "/", exist_ok=True)
             conn = sqlite3.connect(self.path, timeout=self._busy_timeout_s, isolation_level=None)
             if self._count_work:
-                conn.set_progress_handler(self._counted, 100)
+                conn.set_progress_handler(self._counted, self._count_work)
             try:
                 _use_wal(conn, self._busy_timeout_s)
                 conn.execute("PRAGMA synchronous=NORMAL")
@@ -692,11 +692,10 @@ class _SQLiteStore:
         )
 
     def _withdraw(self, conn: sqlite3.Connection, now: float, key: str, keep: bool) -> Withdrawn:
-        position = index.position(conn, key, now, index.Counts(conn))
+        # Only a timeout (keep) tells the position: a cancel does not count who is ahead.
+        position = index.position(conn, key, now, index.Counts(conn)) if keep else 0
         granted = False
-        if position:
-            index.removed(conn, key, now)
-        else:
+        if not index.removed(conn, key, now):
             row = conn.execute("SELECT resources FROM leases WHERE id = ?", (key,)).fetchone()
             if row is not None:
                 granted = True
