@@ -44,7 +44,7 @@ import uuid
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 
-from _bench_queue import _until
+from _bench_queue import _in_line
 from _bench_stats import Result, Summary, not_measured, ratios
 from _bench_stores import _drop_prefixes, redis_url
 
@@ -116,7 +116,7 @@ async def _queue(
     started = time.perf_counter()
     task = asyncio.create_task(coord.acquire(resources, timeout=600, ticket=ticket))
     parked.append(task)
-    await _until(lambda: task.done() or ticket.position > 0)
+    await _in_line(task, ticket)
     return time.perf_counter() - started
 
 
@@ -183,7 +183,7 @@ async def handoff_scene(url: str, waiters: int, spaces: int, ops: int) -> float:
 
             task = asyncio.create_task(hold())
             parked.append(task)
-            await _until(lambda: task.done() or ticket.position > 0)
+            await _in_line(task, ticket)
 
         for i in range(waiters):
             await arrive(i)
