@@ -51,12 +51,21 @@ Why it is shaped this way:
   write transaction (anybody's) drops up to 128 of its entries, with tombstones, then
   the owner itself. Restores and closes go 256 ids per transaction: no transaction
   runs over all of a process's ids. A row's own ``expires_at`` is kept (the layout's
-  columns) but no longer read.
+  columns) but no longer read nor indexed (layout 4).
 * **A dedicated thread, group commit.** sqlite3 calls block, so each coordinator owns
   one worker thread and one connection. Store calls are queued to it in order (a
   withdraw reaches the file after its enqueue); each round the thread commits every
   queued write call in one transaction, one savepoint per call, so concurrent callers
   share the thread hop and the commit.
+* **Savepoint journals in memory** (``temp_store=MEMORY``). A savepoint keeps the
+  original of every page its call changes; SQLite spills that journal to a temporary
+  file once it passes 64 KiB, i.e. from the 16th page. With 10,000 waiters over 1,000
+  Spaces an enqueue or a withdraw of layout 3 changed about 16 pages (one leaf of each
+  table and index it touches, none shared with another), so most of them created,
+  wrote and deleted a temporary file: the same statement steps as with one waiter,
+  1.7× the time (issue 39). In memory the journal costs a copy of those pages, held
+  until the call's savepoint is released: at most some 850 pages (3.4 MB) for the
+  largest calls, a 256-id chunk of a close or a restore among 10,000 waiters.
 * **Fail closed.** ``busy_timeout`` bounds how long a transaction waits for the write
   lock (``?busy_timeout_ms=``, default 2000). Beyond it, or when the file cannot be
   opened, the call raises :class:`StoreUnavailable`, which the coordinator turns into
@@ -144,7 +153,6 @@ _SCHEMA = (
         lane TEXT NOT NULL DEFAULT '',
         rank INTEGER NOT NULL DEFAULT 0,
         ages_at REAL NOT NULL DEFAULT 0)""",
-    "CREATE INDEX IF NOT EXISTS waiters_expiry ON waiters(expires_at)",
     """CREATE TABLE IF NOT EXISTS leases (
         id TEXT PRIMARY KEY,
         owner TEXT NOT NULL,
@@ -152,7 +160,6 @@ _SCHEMA = (
         ttl_s REAL NOT NULL,
         granted_at REAL NOT NULL,
         expires_at REAL NOT NULL)""",
-    "CREATE INDEX IF NOT EXISTS leases_expiry ON leases(expires_at)",
     "CREATE TABLE IF NOT EXISTS stats (key TEXT PRIMARY KEY, value REAL NOT NULL)",
     "CREATE TABLE IF NOT EXISTS secret (id INTEGER PRIMARY KEY CHECK (id = 1), key BLOB NOT NULL)",
     "CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value REAL NOT NULL)",
@@ -183,6 +190,9 @@ _OWNERS_SCHEMA = (
     """CREATE TRIGGER IF NOT EXISTS waiters_owner_out AFTER DELETE ON waiters BEGIN
         UPDATE owners SET n = n - 1 WHERE owner = OLD.owner; END""",
 )
+# Indexes of earlier layouts that no statement reads (layout 4 drops them): the rows'
+# own deadlines (liveness is per owner), and the lanes (waiters_heads serves them).
+_UNREAD_INDEXES = ("waiters_expiry", "leases_expiry", "waiters_lane")
 _LIVE = "(o.expires_at IS NULL OR o.expires_at >= ?)"  # an entry whose owner is alive
 
 _IDS = "(SELECT value FROM json_each(?))"  # a JSON array parameter as a set of ids
@@ -192,7 +202,7 @@ _Entry = tuple[bool, tuple[str, tuple[str, ...]]]  # (queued, (id, resources)) t
 class SQLiteCoordinator(SharedCoordinator):
     """Admission shared by the processes of one host through one SQLite file."""
 
-    def __init__(self, url: str, *, lease_ttl_s: float = 15.0, count_work: bool = False) -> None:
+    def __init__(self, url: str, *, lease_ttl_s: float = 15.0, count_work: int = 0) -> None:
         path, busy_timeout_s, poll_s = _parse_url(url)
         self.path = path
         self._store = _SQLiteStore(
@@ -207,8 +217,8 @@ class SQLiteCoordinator(SharedCoordinator):
 
     @property
     def work(self) -> int:
-        """SQLite virtual-machine steps run so far, in hundreds (``count_work=True``
-        only: tests/admission/test_work.py)."""
+        """SQLite virtual-machine steps run so far, in units of ``count_work`` steps
+        (0, the default: not counted; tests/admission/test_work.py)."""
         return self._store.work
 
 
@@ -263,7 +273,7 @@ class _SQLiteStore:
         lease_ttl_s: float,
         busy_timeout_s: float,
         poll_interval_s: float,
-        count_work: bool = False,
+        count_work: int = 0,
     ) -> None:
         self.path = path
         self.work = 0
@@ -537,10 +547,11 @@ class _SQLiteStore:
             os.makedirs(os.path.dirname(self.path) or "/", exist_ok=True)
             conn = sqlite3.connect(self.path, timeout=self._busy_timeout_s, isolation_level=None)
             if self._count_work:
-                conn.set_progress_handler(self._counted, 100)
+                conn.set_progress_handler(self._counted, self._count_work)
             try:
                 _use_wal(conn, self._busy_timeout_s)
                 conn.execute("PRAGMA synchronous=NORMAL")
+                conn.execute("PRAGMA temp_store=MEMORY")  # savepoint journals: module doc
                 _write(conn, lambda c, now: _create_schema(c, now, self.path))
             except BaseException:
                 conn.close()
@@ -684,11 +695,10 @@ class _SQLiteStore:
         )
 
     def _withdraw(self, conn: sqlite3.Connection, now: float, key: str, keep: bool) -> Withdrawn:
-        position = index.position(conn, key, now, index.Counts(conn))
+        # Only a timeout (keep) tells the position: a cancel does not count who is ahead.
+        position = index.position(conn, key, now, index.Counts(conn)) if keep else 0
         granted = False
-        if position:
-            index.removed(conn, key, now)
-        else:
+        if not index.removed(conn, key, now):
             row = conn.execute("SELECT resources FROM leases WHERE id = ?", (key,)).fetchone()
             if row is not None:
                 granted = True
@@ -871,7 +881,9 @@ def _create_schema(conn: sqlite3.Connection, _now: float, path: str) -> None:
                          ("ages_at", "REAL NOT NULL DEFAULT 0")):  # fmt: skip
         if column not in columns:
             conn.execute(f"ALTER TABLE waiters ADD COLUMN {column} {kind}")
-    conn.execute("CREATE INDEX IF NOT EXISTS waiters_lane ON waiters(lane, rank, seq)")
+    # Layout 4: indexes no statement reads any more, each a page written per change.
+    for unread in _UNREAD_INDEXES:
+        conn.execute(f"DROP INDEX IF EXISTS {unread}")
     index.create(conn)
     new = not conn.execute(
         "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'owners'"

@@ -26,8 +26,10 @@ from typing import Any
 _log = logging.getLogger("spacepool.admission")
 
 REDIS_LAYOUT = 2  # 2: lanes parked under a full resource, owners' liveness (issue 39)
-SQLITE_LAYOUT = 3  # 2: the grant index's tables and triggers; 3: owners' liveness (issue 39)
-_SQLITE_MIGRATES = {1, 2}  # drained files of these layouts are upgraded in place at open
+# SQLite, issue 39 — 2: the grant index's tables and triggers; 3: owners' liveness; 4: the
+# indexes no statement reads dropped (the rows' own deadlines, the lanes without held_back)
+SQLITE_LAYOUT = 4
+_SQLITE_MIGRATES = {1, 2, 3}  # drained files of these layouts are upgraded in place at open
 _UNVERSIONED = 1  # a store made before the layout was recorded
 
 # KEYS: layout, meta; ARGV: our version, "claim" ("1": write ours even over an

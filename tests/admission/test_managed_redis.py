@@ -288,3 +288,32 @@ async def test_sqlite_of_another_layout_is_refused(tmp_path: Path) -> None:
         await coord.aclose()
     with sqlite3.connect(path) as conn:
         assert conn.execute("PRAGMA user_version").fetchone()[0] == SQLITE_LAYOUT
+
+
+async def test_drained_sqlite_file_of_layout_3_is_upgraded_in_place(tmp_path: Path) -> None:
+    """A drained SQLite file of layout 3 is upgraded in place: the indexes nobody reads
+    are dropped, the limits kept, and admission runs on it."""
+    path = tmp_path / "layout3.db"
+    coord = open_coordinator(f"sqlite:///{path}", lease_ttl_s=TTL_S)
+    try:
+        await coord.set_limits({"space:a": 1})
+    finally:
+        await coord.aclose()
+    unread = ("waiters_expiry", "leases_expiry", "waiters_lane")
+    with sqlite3.connect(path) as conn:  # as layout 3 left it
+        conn.execute("CREATE INDEX waiters_expiry ON waiters(expires_at)")
+        conn.execute("CREATE INDEX leases_expiry ON leases(expires_at)")
+        conn.execute("CREATE INDEX waiters_lane ON waiters(lane, rank, seq)")
+        conn.execute("PRAGMA user_version = 3")
+    coord = open_coordinator(f"sqlite:///{path}", lease_ttl_s=TTL_S)
+    try:
+        lease = await coord.acquire(["space:a"], timeout=1)
+        with pytest.raises(BusyError):
+            await coord.acquire(["space:a"], timeout=0.1)  # the kept limit holds
+        await coord.release(lease)
+    finally:
+        await coord.aclose()
+    with sqlite3.connect(path) as conn:
+        assert conn.execute("PRAGMA user_version").fetchone()[0] == SQLITE_LAYOUT == 4
+        names = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'index'")}
+        assert not names & set(unread)
