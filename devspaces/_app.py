@@ -46,6 +46,7 @@ import gradio as gr
 from pydantic import BaseModel, Field
 from starlette.responses import JSONResponse
 
+from devspaces._kinds import KINDS
 from devspaces._launch import LOGIN_USERS
 
 Mode = Literal["ok", "queue_full", "hang", "raise", "probe_fail"]
@@ -236,23 +237,6 @@ class _Misbehave:
                     headers={"Retry-After": str(wait)},
                 )  # fmt: skip
         return None
-
-
-# Kinds of stand-in Space: kind -> "module:function", the function building the Blocks
-# from (meter, concurrency_limit, max_size). Imported lazily, so a kind's own module may
-# import this one (for _Meter). "echo" is the text stand-in every older test uses.
-KINDS: dict[str, str] = {
-    "echo": "devspaces._app:echo_blocks",
-    "image": "devspaces._media:image_blocks",
-    "stream": "devspaces._streaming:stream_blocks",
-    "chat": "devspaces._streaming:chat_blocks",
-    "headers": "devspaces._headers:headers_blocks",
-    "shapes": "devspaces._shapes:shapes_blocks",
-    "zerogpu": "devspaces._zerogpu:zerogpu_blocks",
-    "upper": "devspaces._demos:upper_blocks",
-    "state": "devspaces._demos:state_blocks",
-    "filename": "devspaces._demos:filename_blocks",
-}
 
 
 def _kind_builder(kind: str) -> Callable[[_Meter, int, int | None], gr.Blocks]:

@@ -20,6 +20,7 @@ import tempfile
 import time
 import uuid
 from collections.abc import Callable
+from typing import Any
 
 from _bench_stats import Result, Summary, ratios
 from _bench_stores import _drop_prefixes, redis_url
@@ -52,9 +53,24 @@ async def _until(check: Callable[[], bool]) -> None:
         await asyncio.sleep(0.0002)
 
 
+async def _in_line(task: asyncio.Task[Any], ticket: WaitTicket) -> None:
+    """Return once ``task``'s waiter is queued (its ticket shows a position) or granted:
+    woken by the ticket's own change and the task's end, never by polling. A busy wait
+    here (``_until``) took the GIL from the SQLite store's worker thread after each of
+    its statements, so the enqueue row measured that contest (0.7-1.0 ms per enqueue on
+    a quiet machine, 0.2 ms loaded) rather than the queue."""
+    await asyncio.sleep(0)  # the task's first step: the memory store queues it there
+    while not (task.done() or ticket.position > 0):
+        changed = asyncio.ensure_future(ticket.changed())
+        try:
+            await asyncio.wait((task, changed), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            changed.cancel()
+
+
 async def _queued(coord: Coordinator, i: int) -> asyncio.Task[Lease]:
     task, ticket = _arrive(coord, i)
-    await _until(lambda: task.done() or ticket.position > 0)
+    await _in_line(task, ticket)
     return task
 
 

@@ -15,7 +15,7 @@
 #   PYTHON311            interpreter for the fresh venv (default: python3.11)
 #   RECIPE_FRESH=1       resolve the dependencies from the index again
 # The first run resolves and downloads the dependencies (30-70 s here); later runs install
-# the same wheels offline from ~/.cache/spacepool/recipe-wheels-<pyproject hash>.
+# the same wheels offline from ~/.cache/spacepool/recipe-wheels-<hash of the dependencies>.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 DEV_PY="$ROOT/.venv/bin/python"
@@ -74,9 +74,19 @@ pip_install() {
         >>"$WORK/pip.log" 2>&1 || { tail -30 "$WORK/pip.log" >&2; echo "FAIL: pip install $*" >&2; exit 1; }
 }
 # The image runs `pip install /app` against the index. Here the resolved
-# wheels are kept in a wheelhouse keyed by pyproject.toml (this machine's pip does not
+# wheels are kept in a wheelhouse keyed by the dependencies (this machine's pip does not
 # cache downloads), so later runs install the same set offline in seconds.
-KEY="$(sha256sum "$ROOT/pyproject.toml" | cut -c1-16)"
+# Keyed by what decides the wheels (the build system, the dependencies, the Python range),
+# not the whole file: a change of the linters' or pytest's settings resolves nothing anew.
+KEY="$("$DEV_PY" - "$ROOT/pyproject.toml" <<'PY'
+import hashlib, json, sys, tomllib
+with open(sys.argv[1], "rb") as file:
+    meta = tomllib.load(file)
+project = meta["project"]
+deciding = [meta.get("build-system"), project.get("dependencies"), project.get("requires-python")]
+print(hashlib.sha256(json.dumps(deciding, sort_keys=True).encode()).hexdigest()[:16])
+PY
+)"
 WHEELS="${RECIPE_WHEELHOUSE:-${XDG_CACHE_HOME:-$HOME/.cache}/spacepool/recipe-wheels-$KEY}"
 if [ -n "${RECIPE_FRESH:-}" ] || [ ! -f "$WHEELS/.complete" ]; then
     say "resolving the dependencies from the index into $WHEELS"

@@ -99,14 +99,15 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
 
 
 # The second stage of scripts/test (``-m stage2``; the first runs ``-m "not stage2"``):
-# the benchmark smoke and every test that drives Chromium (the ``browser`` fixture), so
-# that the first stage holds its wall-time budget (scripts/test says what it is).
+# the benchmark smoke, the soak (both measurements over time) and every test that drives
+# Chromium (the ``browser`` fixture), so that the first stage holds its wall-time budget
+# (scripts/test says what it is).
 STAGE2_FIXTURES = {"browser"}
 
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
-        "markers", "stage2: runs in scripts/test's second stage (benchmark smoke, browser)"
+        "markers", "stage2: runs in scripts/test's second stage (benchmark smoke, soak, browser)"
     )
     if not hasattr(config, "workerinput"):  # the controlling process (or the only one)
         from tests._schedule import Recorder

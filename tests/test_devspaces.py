@@ -19,7 +19,7 @@ import httpx
 import pytest
 from gradio_client import Client
 from gradio_client.exceptions import AppError
-from gradio_client.utils import QueueError
+from gradio_client.utils import QueueError, Status
 
 from devspaces import SpaceFleet, SpaceProcess, SpaceStats
 from devspaces._launch import child_env
@@ -161,6 +161,10 @@ def test_hang_mode_holds_call_until_cancelled(alpha: SpaceProcess, connect: Clie
     alpha.control(mode="hang")
     job = client.submit("x", 0.0, api_name="/echo")
     _wait_for(lambda: alpha.stats().in_flight == 1)
+    # The client names the event in its cancel: it must have read the join's answer (the
+    # Space may start the call first, and a cancel without the event id cancels nothing;
+    # seen on a loaded machine). PROCESSING comes after it on the client's stream.
+    _wait_for(lambda: job.status().code == Status.PROCESSING)
     assert not job.done()
     job.cancel()
     _wait_for(lambda: alpha.stats().in_flight == 0)

@@ -1,7 +1,7 @@
 """Discovery through the HTTP service: GET /api/spaces lists every configured Space with
 its state from pool-stats, and GET /api/spaces/{name}/api gives each Space's endpoints
 exactly as gradio_client's ``view_api(return_format="dict")`` does — checked for one
-stand-in Space of every kind in ``devspaces._app.KINDS``."""
+stand-in Space of every kind in ``devspaces._kinds.KINDS``."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import pytest
 from gradio_client import Client
 
 from devspaces import SpaceFleet, SpaceProcess
-from devspaces._app import KINDS
+from devspaces._kinds import KINDS
 
 from .conftest import ServiceFactory, ServiceProcess, admin_headers
 

@@ -27,6 +27,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 
 
+@pytest.mark.stage2  # a measurement over 32 s, as the benchmark smoke: scripts/test's 2nd stage
 @pytest.mark.timeout(240)
 def test_soak_rss_threads_and_fds_plateau() -> None:
     """Mixed load past every retention window: RSS, threads and fds plateau after warm-up."""

@@ -226,7 +226,7 @@ async def reference_outputs(client: Client, api_name: str, args: tuple[Any, ...]
 
 async def test_every_kind_has_its_stand_in(spaces: SpaceFleet) -> None:
     """The fleet under test has one Space of each devspaces kind, shapes included."""
-    from devspaces._app import KINDS as REGISTERED
+    from devspaces._kinds import KINDS as REGISTERED
 
     uncovered = set(REGISTERED) - set(KINDS)
     assert not uncovered, f"devspaces kinds without conformance calls here: {uncovered}"
