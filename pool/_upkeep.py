@@ -11,7 +11,6 @@ outage never stops the loop.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 
@@ -21,7 +20,7 @@ from ._clock import Clock
 from ._events import Hook, PoolEvent, emit
 from ._settings import PoolSettings
 from ._stats import PUBLISH_S, Shared
-from ._tasks import cancel_and_wait
+from ._tasks import cancel_and_wait, cancelling, errors_ignored
 from .admission import SPACE_PREFIX
 from .connections import SpacePool, Warmth
 
@@ -74,14 +73,16 @@ class Upkeep:
         s = self._settings
         tick = max(0.05, min(s.health_interval_s, s.idle_timeout_s / 2, PUBLISH_S))
         while True:
+            if cancelling():  # a cancel swallowed on its way still ends the loop
+                raise asyncio.CancelledError
             await self._clock.sleep(tick)
             for sp in self._spaces.values():
                 sp.reap_idle(s.idle_timeout_s, self.warmth.keep(sp))
-            with contextlib.suppress(Exception):
+            with errors_ignored():
                 await self._publish()
-            with contextlib.suppress(Exception):
+            with errors_ignored():
                 await shared.board.refresh()
-            with contextlib.suppress(Exception):
+            with errors_ignored():
                 await self._pause_idle(shared)
             if self._clock.now() - self._last_round_at >= s.health_interval_s:
                 await self.health_check(shared, http)
@@ -131,7 +132,7 @@ class Upkeep:
         sample = sp.idle_sample(s.health_sample)
         if not sample:
             if not sp.is_up() and sp.probe_url:
-                with contextlib.suppress(Exception):
+                with errors_ignored():
                     await sp.probe(http, sp.probe_url)
                     sp.down_until = 0.0  # answers again: let requests try it
             return
