@@ -40,8 +40,8 @@ sleeping Spaces, ``SpaceControl``) lives in :mod:`pool.resilience`; the Gradio w
 protocol in :mod:`pool.transport` (``POOL_TRANSPORT=gradio_client`` falls back to a
 ``gradio_client.Client`` per connection).
 
-``Holdings``, ``with_logins``, ``cancel_and_wait`` and ``tracer`` are here for the HTTP
-service (app/), which reaches the pool through its faces only — this module and each
+``Holdings``, ``with_logins``, ``cancel_and_wait``, ``cancelling`` and ``tracer`` are here
+for the HTTP service (app/), which reaches the pool through its faces only — this module and each
 layer's package (docs/architecture.md, Faces) — and are not the library's API
 (``__all__``).
 """
@@ -85,6 +85,7 @@ from ._settings import PoolSettings
 from ._spaces import Login, SpaceSpec, parse_space, parse_spaces
 from ._spaces import with_logins as with_logins
 from ._tasks import cancel_and_wait as cancel_and_wait
+from ._tasks import cancelling as cancelling
 from ._trace import tracer as tracer
 from .admission import WaitTicket
 from .connections import LocalFile, Partial, PooledClient, PooledJob, check_outbound, is_file_data

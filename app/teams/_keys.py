@@ -40,7 +40,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
-from pool import BusyError, PoolError, get_pool
+from pool import BusyError, PoolError, cancel_and_wait, cancelling, get_pool
 from pool.admission import CONSUMER_PREFIX, Consumer, SharedValues, anonymous_of
 
 from ..core import KeyNameTaken, KeyNotFound
@@ -149,9 +149,7 @@ class Keys:
 
     async def aclose(self) -> None:
         if self._follower is not None:
-            self._follower.cancel()
-            with contextlib.suppress(BaseException):
-                await self._follower
+            await cancel_and_wait(self._follower)
 
     async def reload(self) -> None:
         """Read every key from the coordinator (BusyError when it does not answer)."""
@@ -175,13 +173,16 @@ class Keys:
         while True:
             try:
                 async with self._values().watch(_REV) as changed:
-                    while True:
+                    while not cancelling():  # a store error may be how a cancel came
                         await changed.wait(_RELOAD_S)
                         with contextlib.suppress(BusyError):
                             await self.reload()
+                raise asyncio.CancelledError
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # a store hiccup: keep the last keys, try again
+                if cancelling():
+                    raise asyncio.CancelledError from exc
                 _log.warning("API keys: following changes failed (%s)", type(exc).__name__)
                 await asyncio.sleep(1.0)
 

@@ -51,7 +51,7 @@ from typing import Any
 
 from prometheus_client import Counter
 
-from pool import BusyError, PoolEvent, UserLimitReached
+from pool import BusyError, PoolEvent, UserLimitReached, cancel_and_wait, cancelling
 from pool.admission import SharedValues
 
 from ..core import TEAM_REGISTRY, RequestContext
@@ -252,14 +252,14 @@ class Usage:
 
     async def aclose(self) -> None:
         if self._flusher is not None:
-            self._flusher.cancel()
-            with contextlib.suppress(BaseException):
-                await self._flusher
+            await cancel_and_wait(self._flusher)
         with contextlib.suppress(Exception):
             await asyncio.wait_for(self.flush(), 2.0)
 
     async def _run(self) -> None:
         while True:
+            if cancelling():  # a flush swallowed the cancel (a store error): end here
+                raise asyncio.CancelledError
             await asyncio.sleep(FLUSH_S)
             try:
                 await self.flush()
