@@ -57,7 +57,7 @@ import uuid
 from collections.abc import Callable, Coroutine
 from typing import Any
 
-from pool import Pool, PoolError, SessionNotFound, UserLimitReached
+from pool import Pool, PoolError, SessionNotFound, UserLimitReached, cancelling
 from pool.admission import CURRENT, Consumer, SharedValues, identity
 
 from ..core import Draining
@@ -262,6 +262,8 @@ class FrontSessions:
         record is gone."""
         sessions = self.pool.sessions
         while True:
+            if cancelling():  # a store error may be how its cancel came: end here
+                raise asyncio.CancelledError
             await asyncio.sleep(min(30.0, max(0.05, self.idle_s / 4)))
             now = self.pool.clock.wall()
             for session in list(self._sessions.values()):
