@@ -326,7 +326,9 @@ def test_idle_pause_waits_for_the_fleet_and_is_claimed_once(
         POOL_IDLE_PAUSE_S="0.5", POOL_MIN_UPTIME_S="1.5", POOL_PAUSE_SPACES="alpha",
     )  # fmt: skip
     (a,) = start_workers(env)
-    a.ask("begin", id="long", space="alpha", delay=5.0)
+    # Long enough to outlast B's start on a loaded machine (seen: a 5 s request ended
+    # before B was up and had been watched for two ticks, in a CI run).
+    a.ask("begin", id="long", space="alpha", delay=8.0)
     begun = time.monotonic()  # alpha's record was created a moment ago, by A's start
     held = SPACE_PREFIX + "alpha"
     poll("A holds a lease on alpha", lambda: shared_view(store_url, "alpha")[0].held.get(held) == 1)
@@ -344,7 +346,7 @@ def test_idle_pause_waits_for_the_fleet_and_is_claimed_once(
     poll("the busy period was watched", watched_while_busy)
     done = a.ask("finish", id="long")
     assert done["outcome"]["space"] == "alpha", done
-    idle_from = time.monotonic()
+    idle_from = done["outcome"]["ended_at"]  # not when the answer reached us (later, loaded)
 
     def both_see_paused() -> bool:
         return all(w.ask("stats")["alpha"]["wake"]["state"] == "paused" for w in (a, b))
