@@ -31,6 +31,7 @@ from redis.exceptions import ReadOnlyError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from .._retry import RetryPolicy
+from .._tasks import cancelling
 from ._lua import load_script
 from ._protocol import StoreUnavailable
 from ._redis_conn import Client
@@ -55,11 +56,6 @@ _SCRIPT = load_script("values.lua")
 _CAS_BACKOFF = RetryPolicy(attempts=1, base_s=0.001, max_s=0.016)  # a lost compare-and-set
 _RESUBSCRIBE = RetryPolicy(attempts=1, base_s=0.05, max_s=1.0)  # jittered, 50 ms → 1 s
 _READY_S = 1.0  # a new watcher waits this long at most for the subscription
-
-
-def _being_cancelled() -> bool:
-    task = asyncio.current_task()
-    return task is not None and task.cancelling() > 0
 
 
 async def listen(
@@ -89,7 +85,7 @@ async def listen(
                 if message is not None and message["type"] == "message":
                     on_message(str(message["data"]))
         except UNREACHABLE as exc:
-            if _being_cancelled():  # the error is how the cancel surfaced: it is not lost
+            if cancelling():  # the error is how the cancel surfaced: it is not lost
                 raise asyncio.CancelledError from exc
             _log.debug("subscriber of %s lost redis %s: %s", channel, where, exc)
         finally:
@@ -176,7 +172,7 @@ class RedisValues:
             async with self._in_flight:
                 reply = await self._script(keys=keys, args=[op, key, *args])
         except UNREACHABLE as exc:
-            if _being_cancelled():  # not "unreachable": a caller's retry would lose the cancel
+            if cancelling():  # not "unreachable": a caller's retry would lose the cancel
                 raise asyncio.CancelledError from exc
             raise StoreUnavailable(f"redis {self._where}: {exc}") from exc
         return list(reply)
